@@ -1,0 +1,145 @@
+"""ModelConfig: the one frozen description of a Transformer, passed to every module.
+
+Defaults follow Vaswani et al. 2017 ("Attention Is All You Need"); presets `base()` and `big()` are the
+rows of Table 3, `tiny()` is a small model for tests and the demo. Options that the popular ports use
+instead of the paper (pre-LN, learned positions, [sin|cos] halves, attention dropout) exist but are off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+NORM_POSITIONS = ("post", "pre")
+POSITION_KINDS = ("sinusoidal", "learned")
+SINUSOID_LAYOUTS = ("interleaved", "halves")
+
+
+def _as_dtype(value: Any, field: str) -> jnp.dtype:
+    try:
+        return jnp.dtype(value)
+    except TypeError as error:
+        raise ValueError(
+            f"ModelConfig.{field}={value!r} is not a dtype; use e.g. 'float32' or 'bfloat16'."
+        ) from error
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Hyper-parameters of the encoder-decoder (paper §3, Table 3)."""
+
+    vocab_size: int = 37000  # shared source/target BPE vocabulary (§5.1)
+    d_model: int = 512
+    num_heads: int = 8
+    d_ff: int = 2048
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    # §5.4: dropout on each sub-layer output and on the embedding + position sums.
+    dropout_rate: float = 0.1
+    # Not in the paper (0 there); tensor2tensor and many ports use them.
+    attention_dropout_rate: float = 0.0
+    relu_dropout_rate: float = 0.0
+    # §3.1 post-LN: LayerNorm(x + Dropout(Sublayer(x))). 'pre' adds a final LayerNorm per stack.
+    norm_position: str = "post"
+    # §3.5 sinusoids; 'learned' is the paper's Table 3 row (E) variant.
+    position_encoding: str = "sinusoidal"
+    # §3.5 interleaves PE(pos,2i)=sin, PE(pos,2i+1)=cos; 'halves' is tensor2tensor's [sin | cos].
+    sinusoid_layout: str = "interleaved"
+    max_len: int = 512
+    # §3.4: one matrix for source embedding, target embedding and pre-softmax projection.
+    share_embeddings: bool = True
+    # §3.2.2 writes the projections without biases (as tensor2tensor does); torch uses them.
+    attention_bias: bool = False
+    layer_norm_epsilon: float = 1e-6
+    dtype: Any = jnp.float32  # activations
+    param_dtype: Any = jnp.float32
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+
+    def __post_init__(self):
+        object.__setattr__(self, "dtype", _as_dtype(self.dtype, "dtype"))
+        object.__setattr__(self, "param_dtype", _as_dtype(self.param_dtype, "param_dtype"))
+        self._validate()
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+    def _validate(self) -> None:
+        positive = ("vocab_size", "d_model", "num_heads", "d_ff", "max_len")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}.")
+        for name in ("num_encoder_layers", "num_decoder_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(
+                    f"ModelConfig.{name} must be a positive integer (a stack needs a layer), got {value!r}."
+                )
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"ModelConfig.d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
+                f"choose num_heads among the divisors of d_model (d_k = d_model / num_heads, §3.2.2)."
+            )
+        for name in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"ModelConfig.{name}={value} must lie in [0, 1).")
+        if self.norm_position not in NORM_POSITIONS:
+            raise ValueError(
+                f"ModelConfig.norm_position={self.norm_position!r} is unknown; use one of {NORM_POSITIONS}."
+            )
+        if self.position_encoding not in POSITION_KINDS:
+            raise ValueError(
+                f"ModelConfig.position_encoding={self.position_encoding!r} is unknown; "
+                f"use one of {POSITION_KINDS}."
+            )
+        if self.sinusoid_layout not in SINUSOID_LAYOUTS:
+            raise ValueError(
+                f"ModelConfig.sinusoid_layout={self.sinusoid_layout!r} is unknown; use one of {SINUSOID_LAYOUTS}."
+            )
+        if self.position_encoding == "sinusoidal" and self.d_model % 2:
+            raise ValueError(
+                f"ModelConfig.d_model={self.d_model} must be even for sinusoidal positions (sin/cos pairs)."
+            )
+        if self.layer_norm_epsilon <= 0:
+            raise ValueError(f"ModelConfig.layer_norm_epsilon={self.layer_norm_epsilon} must be positive.")
+        ids = {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id}
+        for name, value in ids.items():
+            if not 0 <= value < self.vocab_size:
+                raise ValueError(f"ModelConfig.{name}={value} must lie in [0, vocab_size={self.vocab_size}).")
+        if len(set(ids.values())) != 3:
+            raise ValueError(f"ModelConfig special ids must be distinct, got {ids}.")
+
+
+def base(**overrides) -> ModelConfig:
+    """Table 3, 'base': N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1 (about 65M parameters)."""
+    return ModelConfig(**overrides)
+
+
+def big(**overrides) -> ModelConfig:
+    """Table 3, 'big': N=6, d_model=1024, d_ff=4096, h=16, P_drop=0.3 (about 213M parameters).
+
+    The paper used P_drop=0.1 for big on EN-FR; pass dropout_rate=0.1 for that row.
+    """
+    values = dict(d_model=1024, d_ff=4096, num_heads=16, dropout_rate=0.3)
+    return ModelConfig(**{**values, **overrides})
+
+
+def tiny(**overrides) -> ModelConfig:
+    """A small model for tests, the demo and laptops (same shape rules, a fraction of the size)."""
+    values = dict(
+        vocab_size=512, d_model=64, num_heads=4, d_ff=256, num_encoder_layers=2, num_decoder_layers=2,
+        max_len=128,
+    )
+    return ModelConfig(**{**values, **overrides})
+
+
+PRESETS = {"base": base, "big": big, "tiny": tiny}

@@ -1,0 +1,137 @@
+"""Scaled dot-product attention (§3.2.1) and multi-head attention with a decode cache (§3.2.2)."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from transformer_jax.config import ModelConfig
+from transformer_jax.layers.init import bias_init, kernel_init
+from transformer_jax.layers.masks import combine_masks
+
+
+def attention_weights(query: jnp.ndarray, key: jnp.ndarray, mask: jnp.ndarray | None = None) -> jnp.ndarray:
+    """softmax(Q K^T / sqrt(d_k)) in float32, masked before the softmax.
+
+    query: [batch, q_len, heads, head_dim]; key: [batch, kv_len, heads, head_dim];
+    mask: boolean, broadcastable to [batch, heads, q_len, kv_len], True = may attend.
+    Returns [batch, heads, q_len, kv_len]; a row with no allowed key is all zeros (never NaN).
+    """
+    head_dim = query.shape[-1]
+    scores = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32)
+    scores = scores / jnp.sqrt(jnp.float32(head_dim))  # [batch, heads, q_len, kv_len]
+    if mask is None:
+        return jax.nn.softmax(scores, axis=-1)
+    scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+    weights = jax.nn.softmax(scores, axis=-1)
+    return jnp.where(mask, weights, 0.0)  # fully masked rows: uniform over nothing -> zeros
+
+
+def dot_product_attention(
+    query: jnp.ndarray,
+    key: jnp.ndarray,
+    value: jnp.ndarray,
+    mask: jnp.ndarray | None = None,
+    *,
+    dropout_rate: float = 0.0,
+    dropout_rng: jax.Array | None = None,
+    deterministic: bool = True,
+) -> jnp.ndarray:
+    """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, as a pure function.
+
+    query: [batch, q_len, heads, head_dim]; key, value: [batch, kv_len, heads, head_dim].
+    Returns [batch, q_len, heads, head_dim] in the value's dtype.
+    """
+    weights = attention_weights(query, key, mask)  # [batch, heads, q_len, kv_len]
+    if not deterministic and dropout_rate > 0.0:
+        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+        weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
+    return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
+
+
+class MultiHeadAttention(nn.Module):
+    """h parallel heads of width d_k = d_model / h with separate Q, K, V, O projections (§3.2.2).
+
+    `attn(x)` is self-attention, `attn(x, memory)` is cross-attention. With `decode=True`, self-attention
+    appends this step's key/value to a cache of the full decode length, and cross-attention projects the
+    memory's keys/values once and reuses them at every later step ('cache' collection).
+    """
+
+    config: ModelConfig
+
+    def _projection(self, name: str) -> nn.DenseGeneral:
+        cfg = self.config
+        return nn.DenseGeneral(
+            features=(cfg.num_heads, cfg.head_dim), use_bias=cfg.attention_bias, name=name,
+            dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+            kernel_init=kernel_init(("embed", "heads", "kv")),
+            bias_init=bias_init(("heads", "kv")),
+        )
+
+    @nn.compact
+    def __call__(
+        self,
+        inputs_q: jnp.ndarray,
+        inputs_kv: jnp.ndarray | None = None,
+        mask: jnp.ndarray | None = None,
+        deterministic: bool = True,
+        decode: bool = False,
+    ) -> jnp.ndarray:
+        cfg = self.config
+        is_self_attention = inputs_kv is None
+        query = self._projection("query")(inputs_q)  # [batch, q_len, heads, head_dim]
+        if decode and not is_self_attention:
+            key, value = self._cached_memory(inputs_kv)
+        else:
+            source = inputs_q if is_self_attention else inputs_kv
+            key = self._projection("key")(source)  # [batch, kv_len, heads, head_dim]
+            value = self._projection("value")(source)
+            if decode:
+                key, value, mask = self._append_to_cache(key, value, mask)
+        dropout_rng = None
+        if not deterministic and cfg.attention_dropout_rate > 0.0:
+            dropout_rng = self.make_rng("dropout")
+        attended = dot_product_attention(
+            query, key, value, mask, dropout_rate=cfg.attention_dropout_rate,
+            dropout_rng=dropout_rng, deterministic=deterministic,
+        )  # [batch, q_len, heads, head_dim]
+        return nn.DenseGeneral(
+            features=cfg.d_model, axis=(-2, -1), use_bias=cfg.attention_bias, name="out",
+            dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+            kernel_init=kernel_init(("heads", "kv", "embed")),
+            bias_init=bias_init(("embed",)),
+        )(attended)  # [batch, q_len, d_model]
+
+    def _cached_memory(self, memory: jnp.ndarray):
+        """Cross-attention keys/values of the encoder output, projected on the first call only."""
+        if self.has_variable("cache", "memory_key"):
+            return self.get_variable("cache", "memory_key"), self.get_variable("cache", "memory_value")
+        key = self._projection("key")(memory)  # [batch, src_len, heads, head_dim]
+        value = self._projection("value")(memory)
+        self.put_variable("cache", "memory_key", key)
+        self.put_variable("cache", "memory_value", value)
+        return key, value
+
+    def _append_to_cache(self, key, value, mask):
+        """Self-attention decode step: write this step's key/value at the cache index.
+
+        The first call (cache initialisation) sees the full-length target and only sizes the cache.
+        """
+        is_initialized = self.has_variable("cache", "cached_key")
+        cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+        cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+        cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, dtype=jnp.int32))
+        if not is_initialized:
+            return key, value, mask
+        max_length = cached_key.value.shape[1]
+        index = cache_index.value
+        # key, value: [batch, 1, heads, head_dim] -> cache [batch, max_length, heads, head_dim]
+        cached_key.value = lax.dynamic_update_slice(cached_key.value, key.astype(cached_key.value.dtype),
+                                                    (0, index, 0, 0))
+        cached_value.value = lax.dynamic_update_slice(cached_value.value,
+                                                      value.astype(cached_value.value.dtype), (0, index, 0, 0))
+        cache_index.value = index + 1
+        filled = (jnp.arange(max_length) <= index)[None, None, None, :]  # [1, 1, 1, max_length]
+        return cached_key.value, cached_value.value, combine_masks(mask, filled)

@@ -1,0 +1,203 @@
+"""The encoder-decoder of Vaswani et al. 2017 (§3.1, Figure 1): layers, stacks and the Transformer.
+
+Parameter names are stable: they are checkpoint keys and the map to PyTorch (interop/torch.py).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from transformer_jax.config import ModelConfig
+from transformer_jax.layers.attention import MultiHeadAttention
+from transformer_jax.layers.embedding import PositionalEncoding, TokenEmbedding
+from transformer_jax.layers.feedforward import FeedForward
+from transformer_jax.layers.init import bias_init, kernel_init
+from transformer_jax.layers.masks import causal_mask, combine_masks, padding_mask, segment_mask
+
+
+def layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
+    """LayerNorm whose statistics are computed in float32 whatever the activation dtype."""
+    return nn.LayerNorm(
+        epsilon=cfg.layer_norm_epsilon, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name,
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+        bias_init=bias_init(("embed",)),
+    )
+
+
+def residual(cfg: ModelConfig, name: str, sublayer: Callable, x: jnp.ndarray, deterministic: bool):
+    """§3.1 post-LN: LayerNorm(x + Dropout(Sublayer(x))); pre-LN: x + Dropout(Sublayer(LayerNorm(x)))."""
+    norm = layer_norm(cfg, f"{name}_norm")
+    dropout = nn.Dropout(rate=cfg.dropout_rate)
+    if cfg.norm_position == "pre":
+        return x + dropout(sublayer(norm(x)), deterministic=deterministic)
+    return norm(x + dropout(sublayer(x), deterministic=deterministic))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then the position-wise FFN, each in a residual block (§3.1)."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x, mask=None, deterministic: bool = True):
+        cfg = self.config
+        self_attention = MultiHeadAttention(cfg, name="self_attention")
+        x = residual(cfg, "self_attention", lambda y: self_attention(y, mask=mask, deterministic=deterministic),
+                     x, deterministic)
+        ffn = FeedForward(cfg, name="ffn")
+        return residual(cfg, "ffn", lambda y: ffn(y, deterministic=deterministic), x, deterministic)
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, attention over the encoder output, then the FFN (§3.1)."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x, memory, self_mask=None, cross_mask=None, deterministic: bool = True,
+                 decode: bool = False):
+        cfg = self.config
+        self_attention = MultiHeadAttention(cfg, name="self_attention")
+        x = residual(cfg, "self_attention",
+                     lambda y: self_attention(y, mask=self_mask, deterministic=deterministic, decode=decode),
+                     x, deterministic)
+        cross_attention = MultiHeadAttention(cfg, name="cross_attention")
+        x = residual(cfg, "cross_attention",
+                     lambda y: cross_attention(y, memory, mask=cross_mask, deterministic=deterministic,
+                                               decode=decode),
+                     x, deterministic)
+        ffn = FeedForward(cfg, name="ffn")
+        return residual(cfg, "ffn", lambda y: ffn(y, deterministic=deterministic), x, deterministic)
+
+
+def embed_with_positions(cfg: ModelConfig, embedding: nn.Module, tokens, positions, deterministic: bool):
+    """Dropout(token embedding * sqrt(d_model) + position encoding) (§3.4, §3.5, §5.4)."""
+    x = embedding(tokens) + PositionalEncoding(cfg, name="positions")(positions)  # [batch, length, d_model]
+    return nn.Dropout(rate=cfg.dropout_rate)(x, deterministic=deterministic)
+
+
+def default_positions(tokens: jnp.ndarray) -> jnp.ndarray:
+    """[batch, length] positions 0..length-1 for unpacked rows."""
+    return jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+
+
+class Encoder(nn.Module):
+    """Embedding, positions and a stack of N encoder layers (plus a final LayerNorm in pre-LN mode)."""
+
+    config: ModelConfig
+    embedding: nn.Module
+
+    @nn.compact
+    def __call__(self, x, mask=None, positions=None, deterministic: bool = True):
+        """x: [batch, src_len] token ids; mask: [batch, 1, src_len, src_len] -> [batch, src_len, d_model]."""
+        cfg = self.config
+        positions = default_positions(x) if positions is None else positions
+        x = embed_with_positions(cfg, self.embedding, x, positions, deterministic)
+        for index in range(cfg.num_encoder_layers):
+            x = EncoderLayer(cfg, name=f"layer_{index}")(x, mask, deterministic)
+        if cfg.norm_position == "pre":
+            x = layer_norm(cfg, "final_norm")(x)
+        return x
+
+
+class Decoder(nn.Module):
+    """Embedding, positions and a stack of N decoder layers (plus a final LayerNorm in pre-LN mode).
+
+    With `decode=True` it takes one token per call ([batch, 1]) and keeps its position in the cache.
+    """
+
+    config: ModelConfig
+    embedding: nn.Module
+
+    @nn.compact
+    def __call__(self, y, memory, self_mask=None, cross_mask=None, positions=None,
+                 deterministic: bool = True, decode: bool = False):
+        """y: [batch, tgt_len] ids; memory: [batch, src_len, d_model] -> [batch, tgt_len, d_model]."""
+        cfg = self.config
+        if decode:
+            positions = self._decode_positions(y)
+        elif positions is None:
+            positions = default_positions(y)
+        y = embed_with_positions(cfg, self.embedding, y, positions, deterministic)
+        for index in range(cfg.num_decoder_layers):
+            y = DecoderLayer(cfg, name=f"layer_{index}")(y, memory, self_mask, cross_mask, deterministic, decode)
+        if cfg.norm_position == "pre":
+            y = layer_norm(cfg, "final_norm")(y)
+        return y
+
+    def _decode_positions(self, y):
+        is_initialized = self.has_variable("cache", "position")
+        position = self.variable("cache", "position", lambda: jnp.array(0, dtype=jnp.int32))
+        if not is_initialized:
+            return default_positions(y)
+        current = jnp.full(y.shape, position.value, dtype=jnp.int32)  # [batch, 1]
+        position.value = position.value + 1
+        return current
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder with shared source/target/output embeddings (§3.4) when config.share_embeddings."""
+
+    config: ModelConfig
+
+    def setup(self):
+        cfg = self.config
+        if cfg.share_embeddings:
+            self.embed = TokenEmbedding(cfg)
+            source_embedding = target_embedding = self.embed
+        else:
+            self.source_embed = TokenEmbedding(cfg)
+            self.target_embed = TokenEmbedding(cfg)
+            self.output_projection = nn.Dense(
+                cfg.vocab_size, use_bias=False, dtype=jnp.float32, param_dtype=cfg.param_dtype,
+                kernel_init=kernel_init(("embed", "vocab")),
+            )
+            source_embedding, target_embedding = self.source_embed, self.target_embed
+        self.encoder = Encoder(cfg, embedding=source_embedding)
+        self.decoder = Decoder(cfg, embedding=target_embedding)
+
+    def encode(self, inputs, inputs_positions=None, inputs_segmentation=None, deterministic: bool = True):
+        """inputs: [batch, src_len] ids (pad_id = padding) -> [batch, src_len, d_model]."""
+        cfg = self.config
+        mask = combine_masks(
+            padding_mask(inputs, inputs, cfg.pad_id),
+            None if inputs_segmentation is None else segment_mask(inputs_segmentation, inputs_segmentation),
+        )  # [batch, 1, src_len, src_len]
+        return self.encoder(inputs, mask, inputs_positions, deterministic)
+
+    def decode(self, encoded, inputs, decoder_inputs, targets_positions=None, inputs_segmentation=None,
+               targets_segmentation=None, deterministic: bool = True, decode: bool = False):
+        """Logits [batch, tgt_len, vocab] (float32) for decoder_inputs [batch, tgt_len] (the shifted targets).
+
+        encoded: [batch, src_len, d_model] from `encode`; inputs: the source ids, for its padding mask.
+        With decode=True, decoder_inputs is one step [batch, 1] and the 'cache' collection is mutable.
+        """
+        cfg = self.config
+        if decode:
+            self_mask = None  # the cache masks the positions not yet written
+            cross_mask = (inputs != cfg.pad_id)[:, None, None, :]  # [batch, 1, 1, src_len]
+        else:
+            self_mask = combine_masks(
+                padding_mask(decoder_inputs, decoder_inputs, cfg.pad_id),
+                causal_mask(decoder_inputs.shape[1]),
+                None if targets_segmentation is None
+                else segment_mask(targets_segmentation, targets_segmentation),
+            )  # [batch, 1, tgt_len, tgt_len]
+            cross_mask = combine_masks(
+                padding_mask(decoder_inputs, inputs, cfg.pad_id),
+                None if targets_segmentation is None else segment_mask(targets_segmentation, inputs_segmentation),
+            )  # [batch, 1, tgt_len, src_len]
+        y = self.decoder(decoder_inputs, encoded, self_mask, cross_mask, targets_positions, deterministic, decode)
+        if cfg.share_embeddings:
+            return self.embed.attend(y)
+        return self.output_projection(y.astype(jnp.float32))
+
+    def __call__(self, inputs, decoder_inputs, inputs_positions=None, targets_positions=None,
+                 inputs_segmentation=None, targets_segmentation=None, deterministic: bool = True):
+        """Teacher-forced logits [batch, tgt_len, vocab] for inputs [batch, src_len], decoder_inputs [batch, tgt_len]."""
+        encoded = self.encode(inputs, inputs_positions, inputs_segmentation, deterministic)
+        return self.decode(encoded, inputs, decoder_inputs, targets_positions, inputs_segmentation,
+                           targets_segmentation, deterministic)
