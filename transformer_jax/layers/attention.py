@@ -29,6 +29,24 @@ def attention_weights(query: jnp.ndarray, key: jnp.ndarray, mask: jnp.ndarray | 
     return jnp.where(mask, weights, 0.0)  # fully masked rows: uniform over nothing -> zeros
 
 
+def read_values(
+    weights: jnp.ndarray,
+    value: jnp.ndarray,
+    *,
+    dropout_rate: float = 0.0,
+    dropout_rng: jax.Array | None = None,
+    deterministic: bool = True,
+) -> jnp.ndarray:
+    """Weighted sum of values, with optional dropout on the weights (not in the paper; off by default).
+
+    weights: [batch, heads, q_len, kv_len]; value: [batch, kv_len, heads, head_dim] -> [batch, q_len, heads, head_dim].
+    """
+    if not deterministic and dropout_rate > 0.0:
+        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+        weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
+    return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
+
+
 def dot_product_attention(
     query: jnp.ndarray,
     key: jnp.ndarray,
@@ -44,11 +62,8 @@ def dot_product_attention(
     query: [batch, q_len, heads, head_dim]; key, value: [batch, kv_len, heads, head_dim].
     Returns [batch, q_len, heads, head_dim] in the value's dtype.
     """
-    weights = attention_weights(query, key, mask)  # [batch, heads, q_len, kv_len]
-    if not deterministic and dropout_rate > 0.0:
-        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
-        weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
-    return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
+    return read_values(attention_weights(query, key, mask), value, dropout_rate=dropout_rate,
+                       dropout_rng=dropout_rng, deterministic=deterministic)
 
 
 class MultiHeadAttention(nn.Module):
@@ -56,7 +71,8 @@ class MultiHeadAttention(nn.Module):
 
     `attn(x)` is self-attention, `attn(x, memory)` is cross-attention. With `decode=True`, self-attention
     appends this step's key/value to a cache of the full decode length, and cross-attention projects the
-    memory's keys/values once and reuses them at every later step ('cache' collection).
+    memory's keys/values once and reuses them at every later step ('cache' collection). The attention
+    weights are sown into the 'intermediates' collection when it is mutable.
     """
 
     config: ModelConfig
@@ -93,10 +109,10 @@ class MultiHeadAttention(nn.Module):
         dropout_rng = None
         if not deterministic and cfg.attention_dropout_rate > 0.0:
             dropout_rng = self.make_rng("dropout")
-        attended = dot_product_attention(
-            query, key, value, mask, dropout_rate=cfg.attention_dropout_rate,
-            dropout_rng=dropout_rng, deterministic=deterministic,
-        )  # [batch, q_len, heads, head_dim]
+        weights = attention_weights(query, key, mask)  # [batch, heads, q_len, kv_len]
+        self.sow("intermediates", "attention_weights", weights)  # for attention maps (visualize.py)
+        attended = read_values(weights, value, dropout_rate=cfg.attention_dropout_rate,
+                               dropout_rng=dropout_rng, deterministic=deterministic)  # [batch, q_len, heads, head_dim]
         return nn.DenseGeneral(
             features=cfg.d_model, axis=(-2, -1), use_bias=cfg.attention_bias, name="out",
             dtype=cfg.dtype, param_dtype=cfg.param_dtype,

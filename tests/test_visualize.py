@@ -1,0 +1,32 @@
+"""Attention maps come out of the model with the right shapes and rows summing to one; PNGs are written."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_jax.config import tiny
+from transformer_jax.layers.embedding import sinusoidal_table
+from transformer_jax.model import Transformer
+from transformer_jax.visualize import attention_maps, plot_attention, plot_positional_encoding
+
+
+def test_attention_maps_and_pngs(tmp_path):
+    cfg = tiny()
+    model = Transformer(cfg)
+    src = jnp.array([[5, 6, 7, 2, 0]])
+    tgt = jnp.array([[1, 8, 9]])
+    params = nn.unbox(model.init(jax.random.key(0), src, tgt)["params"])
+    maps = attention_maps(model, params, src, tgt)
+    assert set(maps) == {f"encoder/layer_{i}/self_attention" for i in range(2)} | {
+        f"decoder/layer_{i}/{kind}" for i in range(2) for kind in ("self_attention", "cross_attention")}
+    cross = maps["decoder/layer_0/cross_attention"]
+    assert cross.shape == (1, cfg.num_heads, 3, 5)
+    np.testing.assert_allclose(cross.sum(-1), 1.0, rtol=1e-5)
+    np.testing.assert_array_equal(cross[..., 4], 0.0)  # the padded source position gets no attention
+    self_map = maps["decoder/layer_1/self_attention"][0, 0]
+    np.testing.assert_array_equal(np.triu(self_map, 1), 0.0)  # causal
+    png = plot_attention(cross[0], ["<s>", "a", "b"], ["x", "y", "z", "</s>", "<pad>"], tmp_path / "cross.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    png = plot_positional_encoding(sinusoidal_table(64, 32), tmp_path / "pe.png")
+    assert png.stat().st_size > 1000
