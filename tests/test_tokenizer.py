@@ -1,0 +1,86 @@
+"""Shared SentencePiece vocabulary: special ids, round trips, balanced sample, reuse from disk."""
+
+import pytest
+
+from transformer_jax.data.builtin_corpus import generate_corpus
+from transformer_jax.data.tokenizer import (
+    MODEL_FILENAME, balanced_sample, load_or_train_tokenizer, train_tokenizer,
+)
+
+VOCAB_SIZE = 400
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return generate_corpus(seed=0, split_sizes={"train": 4000, "validation": 200})
+
+
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("workdir")
+    return directory, load_or_train_tokenizer(directory, corpus["train"], VOCAB_SIZE, max_sentences=4000)
+
+
+def test_special_ids(trained):
+    _, tokenizer = trained
+    assert (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id, tokenizer.unk_id) == (0, 1, 2, 3)
+    assert [tokenizer.processor.id_to_piece(i) for i in range(4)] == ["<pad>", "<s>", "</s>", "<unk>"]
+    assert tokenizer.vocab_size == VOCAB_SIZE
+
+
+def test_round_trip_on_unseen_sentences(trained, corpus):
+    _, tokenizer = trained
+    for pair in corpus["validation"]:
+        for text in pair:
+            ids = tokenizer.encode(text)
+            assert min(ids) > 3  # no bos/eos added, nothing unknown
+            assert tokenizer.decode(ids) == text
+
+
+def test_decode_stops_at_eos_and_skips_pad_and_bos(trained):
+    _, tokenizer = trained
+    ids = tokenizer.encode("zwei kleine rote Katzen")
+    assert tokenizer.decode([1] + ids + [2] + tokenizer.encode("der Hund") + [0, 0]) == "zwei kleine rote Katzen"
+    assert tokenizer.decode([0, 1] + ids[:2] + [0] + ids[2:]) == "zwei kleine rote Katzen"
+
+
+def test_reuse_from_disk_gives_identical_ids(trained, corpus):
+    directory, tokenizer = trained
+    assert (directory / MODEL_FILENAME).is_file()
+
+    def must_not_be_read():
+        raise AssertionError("a saved model must be reused, not retrained")
+        yield
+
+    reloaded = load_or_train_tokenizer(directory, must_not_be_read(), VOCAB_SIZE)
+    for english, german in corpus["validation"][:50]:
+        assert reloaded.encode(english) == tokenizer.encode(english)
+        assert reloaded.encode_pairs([(english, german)]) == [(tokenizer.encode(english), tokenizer.encode(german))]
+    assert reloaded.encode_pairs([]) == []
+    with pytest.raises(ValueError, match=f"has {VOCAB_SIZE} pieces, but vocab_size=500"):
+        load_or_train_tokenizer(directory, [], 500)
+    with pytest.raises(ValueError, match="special ids"):
+        load_or_train_tokenizer(directory, [], VOCAB_SIZE, pad_id=3, unk_id=0)
+
+
+@pytest.mark.parametrize("model_type", ["bpe", "unigram"])
+def test_training_is_deterministic(corpus, model_type):
+    sentences = balanced_sample(corpus["train"], 2000, seed=0)
+    first = train_tokenizer(sentences, 300, model_type)
+    second = train_tokenizer(sentences, 300, model_type)
+    assert first.processor.serialized_model_proto() == second.processor.serialized_model_proto()
+
+
+def test_balanced_sample(corpus):
+    sentences = balanced_sample(corpus["train"], 101, seed=3)
+    assert len(sentences) == 100
+    pairs = list(zip(sentences[::2], sentences[1::2]))  # as many source as target sentences
+    assert set(pairs) <= set(corpus["train"]) and len(set(pairs)) == 50
+    assert balanced_sample(corpus["train"], 101, seed=3) == sentences
+    assert balanced_sample(corpus["train"], 101, seed=4) != sentences
+    assert len(balanced_sample(corpus["train"][:10], 100, seed=0)) == 20  # small corpora: all of it
+
+
+def test_too_large_vocabulary_says_the_maximum():
+    with pytest.raises(ValueError, match=r"vocab_size=5000 is too large .* at most \d+ pieces"):
+        train_tokenizer(["ein kleiner Hund", "a small dog"] * 5, 5000)

@@ -1,0 +1,164 @@
+"""One SentencePiece vocabulary shared by source and target (paper §5.1: shared BPE of about 37,000 pieces).
+
+`load_or_train_tokenizer(directory, pairs, vocab_size)` trains on a sample with as many source as target
+sentences and writes `{directory}/spm.model`; when that file exists (a resumed run) it is loaded instead.
+Special ids default to pad=0, bos=1, eos=2, unk=3, matching `ModelConfig(pad_id=0, bos_id=1, eos_id=2)`.
+
+A vocab_size larger than the sample supports is an error that states the largest possible size; it is not
+silently lowered (`hard_vocab_limit=False`), because the model's embedding table is sized from the config.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import random
+import re
+import tempfile
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import sentencepiece as spm
+
+from transformer_jax.data.pairs import Pair
+
+logger = logging.getLogger(__name__)
+
+MODEL_FILENAME = "spm.model"
+
+
+class Tokenizer:
+    """Text ↔ ids with a SentencePiece model; `encode` adds no bos/eos, `decode` stops at eos."""
+
+    def __init__(self, processor: spm.SentencePieceProcessor):
+        self.processor = processor
+        self.pad_id, self.bos_id = processor.pad_id(), processor.bos_id()
+        self.eos_id, self.unk_id = processor.eos_id(), processor.unk_id()
+
+    @classmethod
+    def from_bytes(cls, model: bytes) -> "Tokenizer":
+        return cls(spm.SentencePieceProcessor(model_proto=model))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.processor.get_piece_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self.processor.encode(text)
+
+    def encode_pairs(self, pairs: Iterable[Pair]) -> list[tuple[list[int], list[int]]]:
+        """[(source pieces, target pieces)], the input of data.batching; encodes in one batched call."""
+        pairs = list(pairs)
+        sources = self.processor.encode([source for source, _ in pairs])
+        targets = self.processor.encode([target for _, target in pairs])
+        return list(zip(sources, targets))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Detokenized text of `ids` up to the first eos, skipping pad and bos."""
+        pieces = []
+        for token in (int(token) for token in ids):
+            if token == self.eos_id:
+                break
+            if token not in (self.pad_id, self.bos_id):
+                pieces.append(token)
+        return self.processor.decode(pieces)
+
+    def check_special_ids(self, pad_id: int, bos_id: int, eos_id: int, unk_id: int) -> None:
+        expected = {"pad": pad_id, "bos": bos_id, "eos": eos_id, "unk": unk_id}
+        actual = {"pad": self.pad_id, "bos": self.bos_id, "eos": self.eos_id, "unk": self.unk_id}
+        if actual != expected:
+            raise ValueError(f"The SentencePiece model has special ids {actual}, but {expected} were asked "
+                             f"for; they must match the model config. Retrain it in a fresh directory.")
+
+
+def balanced_sample(pairs: Iterable[Pair], max_sentences: int, seed: int) -> list[str]:
+    """Up to max_sentences // 2 pairs drawn uniformly (reservoir sampling), as [source, target, ...]."""
+    rng = random.Random(seed)
+    capacity = max_sentences // 2
+    reservoir: list[Pair] = []
+    for seen, pair in enumerate(pairs):
+        if seen < capacity:
+            reservoir.append(pair)
+        else:
+            slot = rng.randint(0, seen)
+            if slot < capacity:
+                reservoir[slot] = pair
+    return [sentence for pair in reservoir for sentence in pair]
+
+
+def train_tokenizer(
+    sentences: Sequence[str],
+    vocab_size: int,
+    model_type: str = "bpe",
+    character_coverage: float = 1.0,
+    num_threads: int = 1,
+    pad_id: int = 0,
+    bos_id: int = 1,
+    eos_id: int = 2,
+    unk_id: int = 3,
+) -> Tokenizer:
+    """Trains in memory on `sentences` in the given order, without log output.
+
+    The result is deterministic for a fixed `num_threads`, but differs between thread counts.
+    """
+    if model_type not in ("bpe", "unigram"):
+        raise ValueError(f"model_type must be 'bpe' or 'unigram', got {model_type!r}.")
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
+            model_type=model_type, character_coverage=character_coverage,
+            pad_id=pad_id, bos_id=bos_id, eos_id=eos_id, unk_id=unk_id,
+            input_sentence_size=0, shuffle_input_sentence=False, num_threads=num_threads, minloglevel=2,
+        )
+    except RuntimeError as error:
+        largest = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", str(error))
+        if largest is None:
+            raise
+        raise ValueError(
+            f"vocab_size={vocab_size} is too large for the {len(sentences)} training sentences: "
+            f"SentencePiece can make at most {largest.group(2)} pieces from them. Lower vocab_size (and the "
+            f"model config's vocab_size with it) or train on more text."
+        ) from error
+    return Tokenizer.from_bytes(model.getvalue())
+
+
+def load_or_train_tokenizer(
+    directory: str | Path,
+    pairs: Iterable[Pair],
+    vocab_size: int,
+    model_type: str = "bpe",
+    max_sentences: int = 1_000_000,
+    seed: int = 0,
+    character_coverage: float = 1.0,
+    num_threads: int = 1,
+    pad_id: int = 0,
+    bos_id: int = 1,
+    eos_id: int = 2,
+    unk_id: int = 3,
+) -> Tokenizer:
+    """Loads `{directory}/spm.model` if present, else trains on a balanced sample of `pairs` and saves it.
+
+    `pairs` is only read when training. A loaded model must have `vocab_size` pieces and the given special
+    ids, else this fails rather than train a second, different vocabulary over a saved run.
+    """
+    path = Path(directory) / MODEL_FILENAME
+    special_ids = dict(pad_id=pad_id, bos_id=bos_id, eos_id=eos_id, unk_id=unk_id)
+    if path.exists():
+        tokenizer = Tokenizer.from_bytes(path.read_bytes())
+        tokenizer.check_special_ids(**special_ids)
+        if tokenizer.vocab_size != vocab_size:
+            raise ValueError(f"{path} has {tokenizer.vocab_size} pieces, but vocab_size={vocab_size} was asked "
+                             f"for. Use a fresh directory or set vocab_size={tokenizer.vocab_size}.")
+        logger.info("Loaded the SentencePiece model %s (%d pieces).", path, tokenizer.vocab_size)
+        return tokenizer
+    sentences = balanced_sample(pairs, max_sentences, seed)
+    logger.info("Training a %d-piece %s SentencePiece model on %d sentences.", vocab_size, model_type, len(sentences))
+    tokenizer = train_tokenizer(sentences, vocab_size, model_type, character_coverage, num_threads, **special_ids)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as file:
+        file.write(tokenizer.processor.serialized_model_proto())
+    os.replace(file.name, path)  # atomic: a crash never leaves a half-written model
+    logger.info("Saved the SentencePiece model to %s.", path)
+    return tokenizer
