@@ -1,0 +1,306 @@
+"""Beam search against oracles: exhaustive enumeration, hand-computed cases, greedy, and itself run to the end.
+
+Search logic is checked on cheap table models (step functions over a hashed prefix), whose log-probabilities
+a few lines of numpy reproduce; one exhaustive check and one batch check run the real Transformer.
+"""
+
+import functools
+import itertools
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax import config as config_lib
+from transformer_jax.decoding import (DecodeConfig, beam_search, beam_search_core, greedy_search,
+                                      length_penalty)
+from transformer_jax.decoding.beam import BeamState, search_should_continue
+from transformer_jax.decoding.config import NEG_INF
+from transformer_jax.model import Transformer
+
+PAD, BOS, EOS = 0, 1, 2
+HASH_STATES = 1009
+
+
+# ----------------------------------------------------------------------------------------------- table models
+def hash_step(tokens, cache, table):
+    """A model whose next-token logits depend on the whole prefix through a hashed state per row."""
+    state = (cache["state"] * 31 + tokens + 7) % HASH_STATES  # [n]
+    return table[state], {"state": state}
+
+
+def oracle_log_prob(table, seed, sequence):
+    """log P(sequence) under hash_step, in numpy (float64)."""
+    state, previous, total = seed, BOS, 0.0
+    for token in sequence:
+        state = (state * 31 + previous + 7) % HASH_STATES
+        logits = table[state].astype(np.float64)
+        total += logits[token] - np.log(np.sum(np.exp(logits - logits.max()))) - logits.max()
+        previous = token
+    return total
+
+
+def all_hypotheses(vocab, limit):
+    """Every output the searches may produce: tokens other than pad, EOS only last, length <= limit;
+    outputs of length `limit` may also end without EOS (cut at the limit)."""
+    words = [t for t in range(vocab) if t not in (PAD, EOS)]
+    for n in range(limit):
+        for prefix in itertools.product(words, repeat=n):
+            yield prefix + (EOS,)
+    yield from itertools.product(words, repeat=limit)
+
+
+def random_table(seed, vocab, eos_bonus=0.0, scale=2.0):
+    table = scale * np.random.default_rng(seed).normal(size=(HASH_STATES, vocab)).astype(np.float32)
+    table[:, EOS] += eos_bonus
+    return table
+
+
+@functools.partial(jax.jit, static_argnames=("beam", "alpha", "length", "early_stopping", "one_hot"))
+def _run_beam(table, seeds, limits, *, beam, alpha, length, early_stopping, one_hot):
+    cache = {"state": jnp.repeat(seeds, beam)}  # [batch * beam]
+    return beam_search_core(
+        lambda tokens, cache: hash_step(tokens, cache, table), cache, batch_size=seeds.shape[0],
+        beam_size=beam, alpha=alpha, max_decode_len=length, max_lengths=limits, bos_id=BOS, eos_id=EOS,
+        pad_id=PAD, one_hot=one_hot, early_stopping=early_stopping, return_state=True)
+
+
+def run_beam(table, seeds, *, beam, alpha, length, limits=None, early_stopping=True, one_hot=False):
+    seeds = jnp.asarray(seeds, jnp.int32)
+    limits = jnp.full(seeds.shape, length, jnp.int32) if limits is None else jnp.asarray(limits, jnp.int32)
+    sequences, scores, state = _run_beam(jnp.asarray(table), seeds, limits, beam=beam, alpha=alpha, length=length,
+                                         early_stopping=early_stopping, one_hot=one_hot)
+    return np.asarray(sequences), np.asarray(scores), int(state.index)
+
+
+def strip(sequence):
+    return tuple(int(t) for t in sequence if t != PAD)
+
+
+# ------------------------------------------------------------------------------------------------ unit checks
+def test_length_penalty_is_gnmt_formula():
+    assert float(length_penalty(1, 0.6)) == pytest.approx(1.0)  # |Y| = 1: a lone EOS
+    assert float(length_penalty(7, 0.6)) == pytest.approx(2.0 ** 0.6)
+    assert float(length_penalty(30, 0.0)) == 1.0
+
+
+def test_decode_config_defaults_are_the_papers_and_bad_values_fail():
+    cfg = DecodeConfig()
+    assert (cfg.beam_size, cfg.alpha, cfg.extra_length) == (4, 0.6, 50)  # §6.1
+    with pytest.raises(ValueError, match="beam_size"):
+        DecodeConfig(beam_size=0)
+    with pytest.raises(ValueError, match="gather"):
+        DecodeConfig(gather="scatter")
+
+
+def _state(live, finished, flags, index):
+    batch, beam = np.shape(live)
+    return BeamState(index=jnp.array(index), live_seqs=jnp.zeros((batch, beam, 5), jnp.int32),
+                     live_log_probs=jnp.array(live, jnp.float32), finished_seqs=jnp.zeros((batch, beam, 5)),
+                     finished_scores=jnp.array(finished, jnp.float32), finished_flags=jnp.array(flags),
+                     cache={})
+
+
+def test_termination_bound_uses_the_penalty_at_the_length_limit():
+    limits = jnp.array([5])
+    lp_max = float(length_penalty(5, 0.6))
+    # The best live hypothesis (-3.0) can reach -3.0 / lp(5); the worst finished one is just above or below.
+    above = _state([[-3.0, -4.0]], [[-1.0, -3.0 / lp_max + 1e-3]], [[True, True]], index=2)
+    below = _state([[-3.0, -4.0]], [[-1.0, -3.0 / lp_max - 1e-3]], [[True, True]], index=2)
+    not_full = _state([[-3.0, -4.0]], [[-1.0, NEG_INF]], [[True, False]], index=2)
+    at_limit = _state([[-3.0, -4.0]], [[-9.0, -9.0]], [[True, True]], index=5)
+    go = lambda state: bool(search_should_continue(state, max_decode_len=5, max_lengths=limits, alpha=0.6))
+    assert not go(above)
+    assert go(below)
+    assert go(not_full)  # fewer than `beam` finished: a live one can still enter the list
+    assert not go(at_limit)
+
+
+# --------------------------------------------------------------------------------- exhaustive (table models)
+@pytest.mark.parametrize("alpha", [0.6, 0.0])
+def test_wide_beam_equals_exhaustive_enumeration(alpha):
+    vocab, length, beam = 5, 5, 81  # 3 words besides EOS: 3**4 = 81 live prefixes before the last step
+    table = random_table(0, vocab, eos_bonus=0.5)
+    seeds, limits = [11, 42], [5, 3]  # the second sentence has a shorter length limit
+    sequences, scores, _ = run_beam(table, seeds, beam=beam, alpha=alpha, length=length, limits=limits)
+    for b, (seed, limit) in enumerate(zip(seeds, limits)):
+        oracle = sorted(((oracle_log_prob(table, seed, y) / ((5 + len(y)) / 6) ** alpha, y)
+                         for y in all_hypotheses(vocab, limit)), reverse=True)
+        found = [(float(s), strip(y)) for s, y in zip(scores[b], sequences[b]) if np.isfinite(s)]
+        expected = oracle[:beam]
+        assert len(found) == len(expected)
+        assert found[0][1] == expected[0][1]
+        np.testing.assert_allclose([s for s, _ in found], [s for s, _ in expected], rtol=1e-5, atol=1e-5)
+        by_sequence = dict((y, s) for s, y in oracle)
+        for score, y in found:  # each returned score is that sequence's true score
+            assert by_sequence[y] == pytest.approx(score, rel=1e-5, abs=1e-5)
+        assert all(len(y) <= limit for _, y in found)
+
+
+def test_early_stopping_returns_what_running_to_the_limit_returns():
+    stopped_early = 0
+    for seed in range(4):  # same shapes: one compilation per setting
+        table = random_table(seed, 8, eos_bonus=1.5)
+        early = run_beam(table, [3, 17, 99], beam=3, alpha=0.6, length=12)
+        full = run_beam(table, [3, 17, 99], beam=3, alpha=0.6, length=12, early_stopping=False)
+        np.testing.assert_array_equal(early[0], full[0])
+        np.testing.assert_allclose(early[1], full[1], rtol=1e-6)
+        assert full[2] == 12
+        stopped_early += early[2] < 12
+    assert stopped_early > 0  # the bound did end some searches before the limit
+
+
+def test_one_hot_gather_equals_take_along_axis():
+    table = random_table(5, 8, eos_bonus=1.5)
+    take = run_beam(table, [3, 17, 99], beam=3, alpha=0.6, length=12)  # shapes of the test above
+    one_hot = run_beam(table, [3, 17, 99], beam=3, alpha=0.6, length=12, one_hot=True)
+    np.testing.assert_array_equal(take[0], one_hot[0])
+    np.testing.assert_array_equal(take[1], one_hot[1])
+
+
+# ------------------------------------------------------------------------------- beam 1 against greedy search
+@functools.partial(jax.jit, static_argnames=("length",))
+def _run_greedy(table, seeds, *, length):
+    return greedy_search(lambda tokens, cache: hash_step(tokens, cache, table), {"state": seeds},
+                         batch_size=seeds.shape[0], max_decode_len=length, bos_id=BOS, eos_id=EOS, pad_id=PAD)
+
+
+def run_greedy(table, seeds, length):
+    tokens, lengths, log_probs = _run_greedy(jnp.asarray(table), jnp.asarray(seeds, jnp.int32), length=length)
+    return np.asarray(tokens), np.asarray(lengths), np.asarray(log_probs)
+
+
+def eos_is_runner_up_on_path(table, seed, sequence):
+    """True when, along `sequence`, EOS was ever the second most likely token (pad excluded)."""
+    state, previous = seed, BOS
+    for token in sequence:
+        state = (state * 31 + previous + 7) % HASH_STATES
+        logits = table[state].copy()
+        logits[PAD] = -np.inf
+        if np.argsort(-logits)[1] == EOS:
+            return True
+        previous = token
+    return False
+
+
+def test_beam_one_equals_greedy_unless_eos_is_the_runner_up():
+    """With 2*beam candidates, beam 1 also finishes the runner-up when it is EOS, and keeps it if it scores
+    better: then it beats greedy. Otherwise beam 1 follows greedy token by token."""
+    seeds, length, alpha = list(range(0, 400, 7)), 7, 0.6
+    table = random_table(3, 9, eos_bonus=0.5)
+    tokens, lengths, log_probs = run_greedy(table, seeds, length)
+    sequences, scores, _ = run_beam(table, seeds, beam=1, alpha=alpha, length=length)
+    same = differ = 0
+    for b, seed in enumerate(seeds):
+        greedy = strip(tokens[b])
+        assert len(greedy) == lengths[b]
+        greedy_score = log_probs[b] / ((5 + lengths[b]) / 6) ** alpha
+        assert oracle_log_prob(table, seed, greedy) == pytest.approx(log_probs[b], rel=1e-5, abs=1e-5)
+        if not eos_is_runner_up_on_path(table, seed, greedy):
+            assert strip(sequences[b, 0]) == greedy
+            assert scores[b, 0] == pytest.approx(greedy_score, rel=1e-5, abs=1e-5)
+            same += 1
+        else:
+            assert scores[b, 0] >= greedy_score - 1e-5
+            differ += strip(sequences[b, 0]) != greedy
+    assert same > 0 and differ > 0  # both cases occur in this sample
+
+
+def script_step(tokens, cache, probabilities):
+    """A model that ignores the prefix: row r at step t draws from probabilities[r, t]."""
+    logits = jnp.log(probabilities[cache["row"], cache["step"]])  # [n, vocab]
+    return logits, {"row": cache["row"], "step": cache["step"] + 1}
+
+
+def test_beam_one_hand_computed_case_where_it_beats_greedy():
+    # vocab: pad, bos, eos, a=3, b=4. Step 0: a 0.5, eos 0.4; step 1: b 0.6, eos 0.3; step 2: eos 0.9.
+    probabilities = np.full((1, 3, 5), 1e-9, np.float32)
+    probabilities[0, 0, [3, 2, 4]] = [0.5, 0.4, 0.1]
+    probabilities[0, 1, [4, 2, 3]] = [0.6, 0.3, 0.1]
+    probabilities[0, 2, [2, 3, 4]] = [0.9, 0.05, 0.05]
+    probabilities = jnp.asarray(probabilities)
+    step = lambda tokens, cache: script_step(tokens, cache, probabilities)
+    tokens, lengths, _ = greedy_search(step, {"row": jnp.zeros(1, jnp.int32), "step": jnp.array(0)}, batch_size=1,
+                                       max_decode_len=3, bos_id=BOS, eos_id=EOS, pad_id=PAD)
+    assert tokens.tolist() == [[3, 4, 2]] and lengths.tolist() == [3]
+    # alpha = 0: log 0.4 = -0.92 for [eos] beats log(0.5 * 0.6 * 0.9) = -1.31 for [a, b, eos].
+    sequences, scores = beam_search_core(step, {"row": jnp.zeros(1, jnp.int32), "step": jnp.array(0)},
+                                         batch_size=1, beam_size=1, alpha=0.0, max_decode_len=3, bos_id=BOS,
+                                         eos_id=EOS, pad_id=PAD)
+    assert sequences.tolist() == [[[2, 0, 0]]]
+    assert float(scores[0, 0]) == pytest.approx(math.log(0.4), rel=1e-5)
+    # alpha = 2 favours length: lp(1) = 1, lp(3) = (8/6)^2; -1.31 / 1.78 = -0.74 beats -0.92.
+    sequences, scores = beam_search_core(step, {"row": jnp.zeros(1, jnp.int32), "step": jnp.array(0)},
+                                         batch_size=1, beam_size=1, alpha=2.0, max_decode_len=3, bos_id=BOS,
+                                         eos_id=EOS, pad_id=PAD)
+    assert sequences.tolist() == [[[3, 4, 2]]]
+    assert float(scores[0, 0]) == pytest.approx(math.log(0.5 * 0.6 * 0.9) / (8 / 6) ** 2, rel=1e-5)
+
+
+def test_eos_first_gives_length_one_and_pad_after_eos():
+    probabilities = np.full((2, 4, 5), 0.05, np.float32)
+    probabilities[0, :, EOS] = 0.8  # sentence 0: EOS is by far the most likely first token
+    probabilities[1, :, 3] = 0.8  # sentence 1: never ends on its own; cut at its limit
+    probabilities = jnp.asarray(probabilities)
+    cache = {"row": jnp.repeat(jnp.arange(2), 2), "step": jnp.array(0)}
+    sequences, scores = beam_search_core(lambda t, c: script_step(t, c, probabilities), cache, batch_size=2,
+                                         beam_size=2, alpha=0.6, max_decode_len=4,
+                                         max_lengths=jnp.array([4, 3]), bos_id=BOS, eos_id=EOS, pad_id=PAD)
+    assert sequences[0, 0].tolist() == [EOS, PAD, PAD, PAD]
+    assert float(scores[0, 0]) == pytest.approx(math.log(0.8), rel=1e-5)
+    assert sequences[1, 0].tolist() == [3, 3, 3, PAD]  # |Y| = 3 = its limit, no EOS
+    assert float(scores[1, 0]) == pytest.approx(3 * math.log(0.8) / (8 / 6) ** 0.6, rel=1e-5)
+    for row in np.asarray(sequences).reshape(-1, 4):  # nothing but pad after the first EOS or pad
+        stop = next((i for i, t in enumerate(row) if t in (EOS, PAD)), 4)
+        assert all(t == PAD for t in row[stop + 1:])
+
+
+# ------------------------------------------------------------------------------------- the real Transformer
+TINY = config_lib.tiny(vocab_size=7, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
+                       num_decoder_layers=2, max_len=16, dropout_rate=0.0)
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    model = Transformer(TINY)
+    sources = jnp.array([[5, 6, 3, 4, 2], [4, 3, 2, 0, 0]], jnp.int32)  # the second padded
+    # Random parameters without compiling model.init (only its shapes are traced).
+    shapes = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), sources, sources)["params"])
+    leaves, treedef = jax.tree.flatten(shapes)
+    rng = np.random.default_rng(7)
+    params = jax.tree.unflatten(treedef, [jnp.asarray(rng.normal(size=x.shape), jnp.float32) for x in leaves])
+    return model, params, sources
+
+
+def test_transformer_wide_beam_equals_exhaustive_enumeration_in_a_padded_batch(tiny_model):
+    """The oracle scores each source alone (unpadded), so this also shows the padded batch decodes as alone."""
+    model, params, sources = tiny_model
+    length, beam, alpha = 3, 25, 0.6  # words: bos, 3, 4, 5, 6 -> 5**2 = 25 live prefixes at the last step
+    sequences, scores = beam_search(model, params, sources, beam_size=beam, alpha=alpha, max_decode_len=length)
+    sequences, scores = np.asarray(sequences), np.asarray(scores)
+    assert sequences.shape == (2, beam, length) and scores.shape == (2, beam)
+    hypotheses = list(all_hypotheses(TINY.vocab_size, length))  # 156 of them
+    decoder_inputs = jnp.array([[BOS] + list(y[:-1]) + [PAD] * (length - len(y)) for y in hypotheses])
+    forward = jax.jit(lambda source: model.apply({"params": params}, jnp.repeat(source[None], len(hypotheses), 0),
+                                                 decoder_inputs))  # one teacher-forced pass per source
+    for b in range(2):
+        source = sources[b][sources[b] != PAD]
+        log_probs = np.asarray(jax.nn.log_softmax(forward(source), axis=-1), np.float64)  # [156, length, vocab]
+        oracle = sorted(((sum(log_probs[k, i, t] for i, t in enumerate(y)) / ((5 + len(y)) / 6) ** alpha, y)
+                         for k, y in enumerate(hypotheses)), reverse=True)
+        assert strip(sequences[b, 0]) == oracle[0][1]
+        np.testing.assert_allclose(scores[b], [s for s, _ in oracle[:beam]], rtol=1e-5, atol=1e-5)
+        by_sequence = {y: s for s, y in oracle}
+        for score, y in zip(scores[b], sequences[b]):
+            assert by_sequence[strip(y)] == pytest.approx(score, rel=1e-5, abs=1e-5)
+
+
+def test_beam_search_defaults_come_from_the_config():
+    model = Transformer(TINY)
+    with pytest.raises(ValueError, match="max_len"):
+        beam_search(model, {}, jnp.ones((1, 3), jnp.int32), max_decode_len=TINY.max_len + 1)
+    with pytest.raises(ValueError, match="beam_size"):
+        beam_search(model, {}, jnp.ones((1, 3), jnp.int32), beam_size=0)

@@ -1,0 +1,207 @@
+"""The decode cache and greedy decoding, checked against teacher-forced forward passes and hand-made models."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from transformer_jax import config as config_lib
+from transformer_jax.decoding import (DecodeConfig, cache_shardings, constrain_cache, gather_beams, greedy_decode,
+                                      greedy_search, init_cache, reorder_cache, transformer_step_fn)
+from transformer_jax.decoding.config import per_sentence_limits, resolve_max_decode_len
+from transformer_jax.model import Transformer
+
+PAD, BOS, EOS = 0, 1, 2
+TINY = config_lib.tiny(vocab_size=11, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
+                       num_decoder_layers=2, max_len=16, dropout_rate=0.0)
+SOURCES = jnp.array([[5, 6, 3, 4, 9, 7, 2], [4, 3, 8, 2, 0, 0, 0]], jnp.int32)  # [batch=2, src_len=7]
+
+
+def random_params(model, seed=0, scale=0.6):
+    """Random parameters without compiling model.init (only its shapes are traced)."""
+    shapes = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), SOURCES, SOURCES)["params"])
+    leaves, treedef = jax.tree.flatten(shapes)
+    rng = np.random.default_rng(seed)
+    return jax.tree.unflatten(treedef, [jnp.asarray(scale * rng.normal(size=leaf.shape), jnp.float32)
+                                        for leaf in leaves])
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model = Transformer(TINY)
+    return model, random_params(model, seed=1, scale=1.0)
+
+
+@pytest.fixture(scope="module")
+def compiled(tiny):
+    """Jitted pieces shared by the tests (few shapes, so few compilations on a small CPU)."""
+    model, params = tiny
+    encoded = model.apply({"params": params}, SOURCES, method="encode")  # [batch=2, src_len=7, d_model]
+
+    @jax.jit
+    def step(tokens, cache):
+        return transformer_step_fn(model, params, encoded, SOURCES)(tokens, cache)
+
+    init = jax.jit(lambda e: init_cache(model, params, e, SOURCES, 6)).lower(encoded).compile()  # 6 steps
+    forward = jax.jit(lambda decoder_inputs: model.apply({"params": params}, SOURCES, decoder_inputs))
+    return {"encoded": encoded, "cache": init(encoded), "init_hlo": init.as_text(), "step": step,
+            "forward": forward}
+
+
+# ------------------------------------------------------------------------------------------------ cache
+def test_cached_steps_match_teacher_forced_logits(compiled):
+    targets = jnp.array([[3, 7, 5, 9, 4, 6], [8, 8, 3, 10, 5, 2]], jnp.int32)  # [batch, 6], no pad
+    decoder_inputs = jnp.concatenate([jnp.full((2, 1), BOS), targets[:, :-1]], axis=1)  # shifted right
+    expected = compiled["forward"](decoder_inputs)  # [batch, 6, vocab], one teacher-forced pass
+    cache = compiled["cache"]
+    for t in range(6):
+        logits, cache = compiled["step"](decoder_inputs[:, t], cache)  # [batch, vocab]
+        assert logits.dtype == jnp.float32
+        np.testing.assert_allclose(logits, expected[:, t], rtol=1e-5, atol=1e-5, err_msg=f"step {t}")
+    for index in range(TINY.num_decoder_layers):  # one self-attention cache per layer, filled to the end
+        layer = cache["decoder"][f"layer_{index}"]["self_attention"]
+        assert layer["cached_key"].shape == (2, 6, TINY.num_heads, TINY.head_dim)
+        assert int(layer["cache_index"]) == 6
+
+
+def _dot_operand_shapes(jaxpr):
+    """Operand shapes of every dot_general in a jaxpr, nested calls included."""
+    shapes = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            shapes.append([tuple(v.aval.shape) for v in eqn.invars])
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    shapes.extend(_dot_operand_shapes(inner))
+    return shapes
+
+
+def test_cross_attention_keys_values_are_computed_once_per_source(tiny, compiled):
+    model, params = tiny
+    encoded, cache = compiled["encoded"], compiled["cache"]  # encoded: [batch, src_len=7, d_model]
+    for index in range(TINY.num_decoder_layers):
+        layer_params = params["decoder"][f"layer_{index}"]["cross_attention"]
+        layer_cache = cache["decoder"][f"layer_{index}"]["cross_attention"]
+        for name in ("key", "value"):
+            projected = jnp.einsum("bsd,dhk->bshk", encoded, layer_params[name]["kernel"])
+            np.testing.assert_allclose(layer_cache[f"memory_{name}"], projected, rtol=1e-5, atol=1e-5)
+
+    step = transformer_step_fn(model, params, encoded, SOURCES)
+    # A K/V projection of the memory is a dot with a [batch, src_len=7, d_model] operand.
+    projects_memory = lambda operands: any(shape[-2:] == (SOURCES.shape[1], TINY.d_model) for shape in operands)
+    step_dots = _dot_operand_shapes(jax.make_jaxpr(step)(jnp.full((2,), BOS), cache).jaxpr)
+    init_dots = _dot_operand_shapes(jax.make_jaxpr(
+        lambda e: init_cache(model, params, e, SOURCES, 6))(encoded).jaxpr)
+    assert sum(map(projects_memory, init_dots)) == 2 * 2  # the check sees K and V of both layers there...
+    assert step_dots and not any(map(projects_memory, step_dots))  # ...and no step repeats them
+
+    # Under jit, the dummy decoder pass that sizes the cache is dead code: only K and V projections remain.
+    assert compiled["init_hlo"].count(" dot(") == 2 * TINY.num_decoder_layers
+
+    _, stepped = compiled["step"](jnp.full((2,), BOS), cache)
+    for name in ("memory_key", "memory_value"):
+        np.testing.assert_array_equal(stepped["decoder"]["layer_1"]["cross_attention"][name],
+                                      cache["decoder"]["layer_1"]["cross_attention"][name])
+
+
+def test_reorder_cache_moves_hypotheses_and_leaves_source_and_scalars(compiled):
+    # Read the batch of 2 as 1 sentence x 2 hypotheses; after one step with different tokens the rows differ.
+    _, cache = compiled["step"](jnp.array([3, 4], jnp.int32), compiled["cache"])
+    for indices in ([[1, 1]], [[1, 0]]):
+        indices = jnp.array(indices)  # [batch=1, new_beam=2]
+        for one_hot in (False, True):
+            moved = reorder_cache(cache, indices, one_hot=one_hot)
+            for index in range(TINY.num_decoder_layers):
+                before = cache["decoder"][f"layer_{index}"]
+                after = moved["decoder"][f"layer_{index}"]
+                for name in ("cached_key", "cached_value"):
+                    np.testing.assert_array_equal(after["self_attention"][name],
+                                                  before["self_attention"][name][indices[0]])
+                assert int(after["self_attention"]["cache_index"]) == 1
+                np.testing.assert_array_equal(after["cross_attention"]["memory_value"],
+                                              before["cross_attention"]["memory_value"])
+    x = jnp.arange(2 * 3 * 4, dtype=jnp.float32).reshape(2, 3, 4) * 1.37  # [batch, beam, ...]
+    indices = jnp.array([[2, 2, 0], [1, 0, 1]])
+    expected = np.stack([np.asarray(x)[0, [2, 2, 0]], np.asarray(x)[1, [1, 0, 1]]])
+    np.testing.assert_array_equal(gather_beams(x, indices), expected)
+    np.testing.assert_array_equal(gather_beams(x, indices, one_hot=True), gather_beams(x, indices))
+
+
+def test_cache_shardings_split_the_batch_axis(compiled):
+    mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+    cache = compiled["cache"]
+    shardings = cache_shardings(cache, mesh)
+    layer = shardings["decoder"]["layer_0"]
+    assert layer["self_attention"]["cached_key"] == NamedSharding(mesh, PartitionSpec("data"))
+    assert layer["cross_attention"]["memory_key"] == NamedSharding(mesh, PartitionSpec("data"))
+    assert layer["self_attention"]["cache_index"] == NamedSharding(mesh, PartitionSpec())
+    assert shardings["decoder"]["position"] == NamedSharding(mesh, PartitionSpec())
+    constrained = jax.jit(lambda c: constrain_cache(c, mesh))(cache)
+    np.testing.assert_array_equal(constrained["decoder"]["layer_0"]["self_attention"]["cached_key"],
+                                  cache["decoder"]["layer_0"]["self_attention"]["cached_key"])
+
+
+# ----------------------------------------------------------------------------------------------- greedy
+def test_greedy_matches_teacher_forcing_batch_equals_alone_and_eos_ends_rows(tiny, compiled):
+    model, params = tiny
+    tokens, lengths = greedy_decode(model, params, SOURCES, max_decode_len=6)
+    tokens, lengths = np.asarray(tokens), np.asarray(lengths)
+    assert tokens.shape == (2, 6) and lengths.tolist() == [6, 6]  # this random model never says EOS
+    # Every token is the argmax (pad excluded) of a teacher-forced pass over the tokens before it.
+    logits = np.array(compiled["forward"](jnp.concatenate([jnp.full((2, 1), BOS), tokens[:, :-1]], axis=1)))
+    logits[:, :, PAD] = -np.inf
+    np.testing.assert_array_equal(np.argmax(logits, axis=-1), tokens)
+
+    alone, alone_lengths = greedy_decode(model, params, SOURCES[1:, :4], max_decode_len=6)  # unpadded
+    np.testing.assert_array_equal(np.asarray(alone)[0], tokens[1])
+    assert int(alone_lengths[0]) == lengths[1]
+
+    # Relabel sentence 1's first token as EOS (same parameters): it now ends at once, length 1, pad after;
+    # sentence 0 stops at its first occurrence of that token, if any.
+    first = int(tokens[1, 0])
+    assert first not in (PAD, BOS), "pick parameters whose greedy output starts with an ordinary token"
+    relabelled, relabelled_lengths = greedy_decode(Transformer(TINY.replace(eos_id=first)), params, SOURCES,
+                                                   max_decode_len=6)
+    assert np.asarray(relabelled)[1].tolist() == [first] + [PAD] * 5
+    row = tokens[0].tolist()
+    cut = row.index(first) + 1 if first in row else len(row)
+    assert np.asarray(relabelled)[0].tolist() == row[:cut] + [PAD] * (6 - cut)
+    assert np.asarray(relabelled_lengths).tolist() == [cut, 1]
+
+
+def script_step(tokens, cache, probabilities):
+    """A model that ignores the prefix: row r at step t draws from probabilities[r, t]."""
+    logits = jnp.log(probabilities[cache["row"], cache["step"]])  # [n, vocab]
+    return logits, {"row": cache["row"], "step": cache["step"] + 1}
+
+
+def test_greedy_eos_first_has_length_one_pad_after_eos_and_limits_per_sentence():
+    probabilities = np.full((4, 5, 6), 0.02, np.float32)
+    probabilities[0, 0, EOS] = 0.9  # EOS first
+    probabilities[1, [0, 1, 2], [3, 4, EOS]] = 0.9  # 3 4 EOS
+    probabilities[2, :, 5] = 0.9  # never EOS: cut at the buffer end
+    probabilities[3, :, 5] = 0.9  # never EOS: cut at its own limit, 2
+    probabilities[:, :, PAD] = 0.95  # pad is never emitted, however likely
+    cache = {"row": jnp.arange(4), "step": jnp.array(0)}
+    tokens, lengths, log_probs = greedy_search(
+        lambda t, c: script_step(t, c, jnp.asarray(probabilities)), cache, batch_size=4, max_decode_len=5,
+        max_lengths=jnp.array([5, 5, 5, 2]), bos_id=BOS, eos_id=EOS, pad_id=PAD)
+    assert tokens.tolist() == [[EOS, PAD, PAD, PAD, PAD], [3, 4, EOS, PAD, PAD], [5, 5, 5, 5, 5],
+                               [5, 5, PAD, PAD, PAD]]
+    assert lengths.tolist() == [1, 3, 5, 2]
+    normaliser = np.log(probabilities[0, 0].sum())
+    np.testing.assert_allclose(log_probs[0], np.log(0.9) - normaliser, rtol=1e-5)
+
+
+def test_default_length_limit_is_source_length_plus_50():
+    assert resolve_max_decode_len(7, DecodeConfig(), None, model_max_len=512) == 57  # §6.1
+    assert resolve_max_decode_len(7, DecodeConfig(), None, model_max_len=16) == 16  # clipped to positions
+    assert resolve_max_decode_len(7, DecodeConfig(extra_length=3), 9, model_max_len=16) == 9
+    with pytest.raises(ValueError, match="max_len"):
+        resolve_max_decode_len(7, DecodeConfig(), 17, model_max_len=16)
+    limits = per_sentence_limits(SOURCES, PAD, extra_length=2, max_decode_len=8)
+    assert limits.tolist() == [8, 6]  # 7 + 2 clipped to 8; 4 + 2

@@ -1,0 +1,148 @@
+"""The decode cache of a Transformer as a pytree: creating it, stepping with it, reordering and sharding it.
+
+Layout (Flax 'cache' collection, one subtree per decoder layer `decoder/layer_i`):
+  self_attention/cached_key, cached_value   [batch, max_decode_len, heads, head_dim]  grows one step per call
+  self_attention/cache_index                []                                        next write position
+  cross_attention/memory_key, memory_value  [batch, src_len, heads, head_dim]         computed once per source
+  decoder/position                          []                                        next target position
+
+A step function `step_fn(tokens [n], cache) -> (logits [n, vocab] float32, cache)` is what the searches
+in greedy.py and beam.py consume; they never look inside the model.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+Cache = Any
+StepFn = Callable[[jnp.ndarray, Cache], tuple[jnp.ndarray, Cache]]
+
+# Cache leaves that are the same for every hypothesis of one source sentence: never reordered across beams.
+SOURCE_LEAVES = ("memory_key", "memory_value")
+
+
+def as_params(params):
+    """Accepts `params`, `{'params': params}`, boxed (nn.with_logical_partitioning) or plain; returns plain."""
+    params = nn.unbox(params)
+    if isinstance(params, dict) or hasattr(params, "keys"):
+        if set(params.keys()) == {"params"}:
+            params = params["params"]
+    return params
+
+
+def init_cache(model: nn.Module, params, encoded: jnp.ndarray, inputs: jnp.ndarray, max_decode_len: int) -> Cache:
+    """A fresh cache for `max_decode_len` target steps; cross-attention keys/values of `encoded` filled in.
+
+    encoded: [batch, src_len, d_model] from Transformer.encode; inputs: [batch, src_len] source ids.
+    The call runs the decoder once on a [batch, max_decode_len] dummy target only to size the cache; under
+    jit its logits are unused and XLA drops that work (only the memory key/value projections remain).
+    """
+    batch = encoded.shape[0]
+    dummy = jnp.zeros((batch, max_decode_len), jnp.int32)  # [batch, max_decode_len]
+    _, variables = model.apply({"params": params}, encoded, inputs, dummy, decode=True,
+                               method="decode", mutable=["cache"])
+    return variables["cache"]
+
+
+def transformer_step_fn(model: nn.Module, params, encoded: jnp.ndarray, inputs: jnp.ndarray) -> StepFn:
+    """One cached decoder step: tokens [n] (the previous token of each row) -> logits [n, vocab]."""
+
+    def step(tokens: jnp.ndarray, cache: Cache):
+        logits, variables = model.apply({"params": params, "cache": cache}, encoded, inputs, tokens[:, None],
+                                        decode=True, method="decode", mutable=["cache"])
+        return logits[:, 0, :].astype(jnp.float32), variables["cache"]  # [n, vocab]
+
+    return step
+
+
+def uncached_step_fn(model: nn.Module, params, encoded: jnp.ndarray, inputs: jnp.ndarray,
+                     max_decode_len: int, pad_id: int) -> tuple[StepFn, Cache]:
+    """The same step without a key/value cache: re-runs the decoder over the whole prefix every step.
+
+    Its 'cache' is only the prefix buffer [n, max_decode_len] (pad beyond the written part) and the index.
+    For benchmarks and as an oracle; shapes stay static, so each step costs a full max_decode_len pass.
+    """
+    batch = encoded.shape[0]
+    state = (jnp.full((batch, max_decode_len), pad_id, jnp.int32), jnp.array(0, jnp.int32))
+
+    def step(tokens: jnp.ndarray, state):
+        prefix, index = state
+        prefix = jax.lax.dynamic_update_slice(prefix, tokens[:, None].astype(jnp.int32), (0, index))
+        logits = model.apply({"params": params}, encoded, inputs, prefix, method="decode")  # [n, len, vocab]
+        step_logits = jax.lax.dynamic_index_in_dim(logits, index, axis=1, keepdims=False)  # [n, vocab]
+        return step_logits.astype(jnp.float32), (prefix, index + 1)
+
+    return step, state
+
+
+def _leaf_name(path) -> str:
+    last = path[-1] if path else None
+    return str(getattr(last, "key", getattr(last, "name", last)))
+
+
+def gather_beams(x: jnp.ndarray, indices: jnp.ndarray, *, one_hot: bool = False) -> jnp.ndarray:
+    """x: [batch, old_beam, ...], indices: [batch, new_beam] -> [batch, new_beam, ...] = x[b, indices[b, j]].
+
+    Both forms gather within each batch row only, so a batch-sharded array needs no communication.
+    'one_hot' multiplies by a [batch, new_beam, old_beam] selection matrix (matmul units, exact at HIGHEST).
+    """
+    if one_hot:
+        selection = jax.nn.one_hot(indices, x.shape[1], dtype=jnp.float32)  # [batch, new_beam, old_beam]
+        if jnp.issubdtype(x.dtype, jnp.floating):
+            return jnp.einsum("bno,bo...->bn...", selection.astype(x.dtype), x,
+                              precision=jax.lax.Precision.HIGHEST)
+        return jnp.einsum("bno,bo...->bn...", selection.astype(jnp.int32), x.astype(jnp.int32)).astype(x.dtype)
+    expanded = indices.reshape(indices.shape + (1,) * (x.ndim - 2))  # [batch, new_beam, 1, ...]
+    return jnp.take_along_axis(x, expanded, axis=1)
+
+
+def reorder_cache(cache: Cache, indices: jnp.ndarray, *, one_hot: bool = False) -> Cache:
+    """Reorders the per-hypothesis rows of a flattened beam cache: leaves [batch * old_beam, ...] ->
+    [batch * new_beam, ...] with row (b, j) taken from (b, indices[b, j]).
+
+    Scalars (cache_index, position) are shared by all rows and stay; cross-attention memory_key/value are
+    identical for all hypotheses of a source (new_beam must equal old_beam), so they are not moved.
+    """
+    batch, new_beam = indices.shape
+
+    def reorder(path, leaf):
+        if leaf.ndim == 0 or _leaf_name(path) in SOURCE_LEAVES:
+            return leaf
+        old_beam = leaf.shape[0] // batch
+        per_beam = leaf.reshape((batch, old_beam) + leaf.shape[1:])  # [batch, old_beam, ...]
+        gathered = gather_beams(per_beam, indices, one_hot=one_hot)  # [batch, new_beam, ...]
+        return gathered.reshape((batch * new_beam,) + leaf.shape[1:])
+
+    return jax.tree_util.tree_map_with_path(reorder, cache)
+
+
+def cache_shardings(cache: Cache, mesh: Mesh, batch_axis: str | tuple[str, ...] = "data") -> Cache:
+    """Shardings like the activations': every leaf split along its leading (batch) dimension over the mesh's
+    `batch_axis`; scalars, and leaves whose batch does not divide evenly, are replicated.
+
+    Flattened beam caches ([batch * beam, ...]) keep each sentence's hypotheses on one device as long as
+    batch divides by the axis size, so reorder_cache stays local.
+    """
+    axes = (batch_axis,) if isinstance(batch_axis, str) else tuple(batch_axis)
+    size = 1
+    for axis in axes:
+        size *= mesh.shape[axis]
+
+    def sharding(leaf):
+        if getattr(leaf, "ndim", 0) >= 1 and leaf.shape[0] % size == 0:
+            return NamedSharding(mesh, PartitionSpec(batch_axis))
+        return NamedSharding(mesh, PartitionSpec())
+
+    return jax.tree_util.tree_map(sharding, cache)
+
+
+def constrain_cache(cache: Cache, mesh: Mesh | None, batch_axis: str | tuple[str, ...] = "data") -> Cache:
+    """Inside jit: pin the cache to cache_shardings (a no-op without a mesh)."""
+    if mesh is None:
+        return cache
+    return jax.lax.with_sharding_constraint(cache, cache_shardings(cache, mesh, batch_axis))

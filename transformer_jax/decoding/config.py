@@ -1,0 +1,82 @@
+"""DecodeConfig: decode-time settings with the paper's defaults (§6.1), and the length rules they imply."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+
+# A finite stand-in for log(0): -inf would turn into NaN in one-hot gathers (0 * -inf) and in differences.
+NEG_INF = -1.0e9
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+    """How to decode. §6.1: "beam search with a beam size of 4 and length penalty alpha = 0.6 ... maximum
+    output length to input length + 50, but terminate early when possible"."""
+
+    beam_size: int = 4
+    alpha: float = 0.6  # GNMT length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha, |Y| counting the EOS
+    extra_length: int = 50  # per sentence: output length <= source length (non-pad tokens) + extra_length
+    max_decode_len: int | None = None  # static buffer; None: padded source width + extra_length
+    # How to reorder per-hypothesis arrays along the beam axis: 'take' (take_along_axis, a batched gather)
+    # or 'one_hot' (an einsum with one-hot selection matrices, t5x's choice for TPUs).
+    gather: str = "take"
+
+    def __post_init__(self):
+        if not isinstance(self.beam_size, int) or self.beam_size < 1:
+            raise ValueError(f"DecodeConfig.beam_size must be a positive integer, got {self.beam_size!r}.")
+        if not isinstance(self.extra_length, int) or self.extra_length < 0:
+            raise ValueError(f"DecodeConfig.extra_length must be a non-negative integer, got {self.extra_length!r}.")
+        if self.max_decode_len is not None and (not isinstance(self.max_decode_len, int) or self.max_decode_len < 1):
+            raise ValueError(f"DecodeConfig.max_decode_len must be None or a positive integer, got "
+                             f"{self.max_decode_len!r}.")
+        if self.gather not in ("take", "one_hot"):
+            raise ValueError(f"DecodeConfig.gather={self.gather!r} is unknown; use 'take' or 'one_hot'.")
+
+    def replace(self, **changes) -> "DecodeConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def length_penalty(length, alpha: float):
+    """GNMT length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al. 2016), as used in §6.1.
+
+    `length` is |Y|, the number of generated tokens INCLUDING the final EOS (tensor2tensor's convention;
+    the BOS fed to the decoder is not counted). A hypothesis cut at the maximum length has |Y| = that length.
+    """
+    return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def resolve_max_decode_len(source_width: int, config: DecodeConfig, max_decode_len: int | None,
+                           model_max_len: int | None) -> int:
+    """The static length of the output buffer (a Python int, so that jit sees a fixed shape).
+
+    Explicit values (argument, then config) win and must fit the model's position table; the default
+    `source_width + extra_length` is clipped to it.
+    """
+    explicit = max_decode_len if max_decode_len is not None else config.max_decode_len
+    if explicit is not None:
+        if not isinstance(explicit, (int, np.integer)) or explicit < 1:
+            raise ValueError(f"max_decode_len must be a positive integer, got {explicit!r}.")
+        if model_max_len is not None and explicit > model_max_len:
+            raise ValueError(
+                f"max_decode_len={explicit} exceeds the model's position table (ModelConfig.max_len="
+                f"{model_max_len}); lower max_decode_len or use a model with a larger max_len.")
+        return int(explicit)
+    length = source_width + config.extra_length
+    return int(min(length, model_max_len) if model_max_len is not None else length)
+
+
+def per_sentence_limits(inputs: jnp.ndarray, pad_id: int, extra_length: int, max_decode_len: int) -> jnp.ndarray:
+    """[batch] output length limits: non-pad source length + extra_length, within [1, max_decode_len].
+
+    Per sentence rather than per padded batch, so that a sentence decodes the same alone or in a batch.
+    """
+    source_lengths = jnp.sum(inputs != pad_id, axis=-1).astype(jnp.int32)  # [batch]
+    return jnp.clip(source_lengths + extra_length, 1, max_decode_len)
+
+
+def sequence_lengths(sequences: jnp.ndarray, pad_id: int) -> jnp.ndarray:
+    """Lengths (EOS included) of pad-filled outputs [..., len]; decoders never emit pad inside a sequence."""
+    return jnp.sum(sequences != pad_id, axis=-1).astype(jnp.int32)
