@@ -1,0 +1,142 @@
+"""One process of a multi-process CPU training run (launched by tests/test_multihost.py); writes a JSON report.
+
+    python tests/helpers/multihost_worker.py --process-id 0 --num-processes 2 --coordinator 127.0.0.1:PORT \
+        --workdir DIR --stop-at 2 --out DIR/p0.json [--devices 2] [--timeout 60]
+
+It joins the run with transformer_jax.distributed.initialize (before any other JAX use), builds a mesh over all
+processes' devices (fsdp over every device: the parameters are split across processes), reads only its own rows
+of every global batch (data.batching.TrainBatches with shard_index / shard_count from distributed.data_shard),
+assembles global arrays with jax.make_array_from_process_local_data, trains with the jitted step up to update
+--stop-at (resuming from the latest checkpoint in --workdir, if any), saves an orbax checkpoint from all
+processes, and reports the loss sums of its steps; --params writes this process's shards of the final parameters.
+With --num-processes 1 it is the single-process reference (use --devices = the total device count).
+--launch-only stops after start-up (for the bad-launch tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def parse():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--process-id", type=int, default=None)
+    parser.add_argument("--num-processes", type=int, default=None)
+    parser.add_argument("--coordinator", default=None)
+    parser.add_argument("--timeout", type=int, default=60)
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--stop-at", type=int, default=2)
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--params", default=None)
+    parser.add_argument("--launch-only", action="store_true")
+    parser.add_argument("--cache-dir", default=None, help="persistent compilation cache (a restart reuses it)")
+    return parser.parse_args()
+
+
+def synthetic_pairs(count: int = 64, vocab: int = 512, max_pieces: int = 11, seed: int = 0):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [(rng.integers(3, vocab, rng.integers(1, max_pieces + 1)).tolist(),
+             rng.integers(3, vocab, rng.integers(1, max_pieces + 1)).tolist()) for _ in range(count)]
+
+
+def main():
+    args = parse()
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", args.devices)
+    jax.config.update("jax_disable_most_optimizations", True)  # quicker compiles; same arithmetic everywhere
+    if args.cache_dir:
+        jax.config.update("jax_compilation_cache_dir", args.cache_dir)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    from transformer_jax import distributed
+
+    settings = {"coordinator_address": args.coordinator, "num_processes": args.num_processes,
+                "process_id": args.process_id, "initialization_timeout": args.timeout, "cpu_collectives": "gloo"}
+    started = time.perf_counter()
+    try:
+        info = distributed.initialize({k: v for k, v in settings.items() if v is not None})
+    except distributed.DistributedStartupError as error:
+        print(f"DistributedStartupError: {error}", file=sys.stderr, flush=True)
+        sys.exit(3)
+    if args.launch_only:
+        print(json.dumps({"info": info._asdict(), "startup_s": time.perf_counter() - started}), flush=True)
+        distributed.shutdown()
+        return
+
+    import numpy as np
+    import optax
+    import flax.linen as nn
+
+    from transformer_jax import parallel
+    from transformer_jax.checkpoint import Checkpointer
+    from transformer_jax.config import tiny
+    from transformer_jax.data.batching import TrainBatches
+    from transformer_jax.model import Transformer
+    from transformer_jax.train.optimizer import transformer_schedule
+    from transformer_jax.train.state import boxed_init_fn, create_train_state
+    from transformer_jax.train.step import jit_train_step, make_train_step
+
+    model_cfg = tiny(dropout_rate=0.0, num_encoder_layers=1, num_decoder_layers=1)
+    schedule = transformer_schedule(model_cfg.d_model, warmup_steps=10, scale=10.0)
+    tx = optax.sgd(schedule)  # updates linear in the gradient: differences measure the arithmetic (see parallel_layouts)
+    mesh = parallel.make_mesh({"data": 1, "fsdp": -1})
+    rules = parallel.rules_for_mesh(mesh)
+    shard_index, shard_count = distributed.data_shard(mesh, rules)
+    batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    batches = TrainBatches(synthetic_pairs(), tokens_per_batch=96, max_len=12, bucket_boundaries=(12,),
+                           batch_multiple=batch_shards, seed=0, shard_index=shard_index, shard_count=shard_count)
+    checkpointer = Checkpointer(args.workdir, keep=3, async_save=False)
+    resumed_from = checkpointer.latest_step()
+    if resumed_from is None:
+        state, shardings, abstract = create_train_state(model_cfg, tx, seed=0, mesh=mesh, rules=rules)
+    else:  # as train/loop.py: the abstract state is the restore target; no initialisation is compiled
+        boxed = jax.eval_shape(boxed_init_fn(Transformer(model_cfg), tx, 1), jax.random.PRNGKey(0))
+        shardings = parallel.tree_shardings(boxed, mesh, rules)
+        abstract = jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+                                nn.unbox(boxed), shardings)
+        state, data_state = checkpointer.restore(resumed_from, abstract)
+        batches.restore(data_state["batches"])
+    step_fn = jit_train_step(make_train_step(Transformer(model_cfg), tx, schedule, label_smoothing=0.1),
+                             shardings, mesh, rules)
+    local_param_bytes = sum(parallel.per_device_bytes(state.params).values())
+    steps = []
+    update = int(jax.device_get(state.step))
+    while update < args.stop_at:
+        local = next(batches)
+        batch = distributed.global_batch(local, mesh, rules)
+        state, metrics = step_fn(state, batch)
+        update += 1
+        steps.append({"step": update, "local_rows": int(local["inputs"].shape[0]),
+                      "global_rows": int(batch["inputs"].shape[0]),
+                      **{key: float(metrics[key]) for key in ("loss", "nll", "tokens", "grad_norm")}})
+    checkpointer.save(update, state, {"batches": batches.state()}, wait=True)
+    checkpointer.close()
+    if args.params:  # this process's shards of every parameter: {"leaf|start:stop,...": array}
+        shards = {}
+        for path, leaf in jax.tree_util.tree_flatten_with_path(state.params)[0]:
+            for shard in leaf.addressable_shards:
+                where = ",".join(f"{s.start or 0}:{s.stop if s.stop is not None else n}"
+                                 for s, n in zip(shard.index, leaf.shape))
+                shards[f"{jax.tree_util.keystr(path)}|{where}"] = np.asarray(shard.data)
+        np.savez(args.params, **shards)
+    report = {"info": info._asdict(), "mesh": dict(mesh.shape), "shard": [shard_index, shard_count],
+              "resumed_from": resumed_from, "steps": steps, "local_param_bytes": local_param_bytes,
+              "total_param_bytes": int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.params))),
+              "wall_s": time.perf_counter() - started}
+    if args.out:
+        with open(args.out, "w") as handle:
+            json.dump(report, handle)
+    distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""Sharding rules, the pmap step and the layouts' equality on 8 simulated CPU devices (issue #6).
+
+The device count must be set before JAX starts, so the layouts run in one subprocess
+(tests/helpers/parallel_layouts.py) that trains the same 2 steps on the same global batches under every layout and
+prints JSON; the tests below read it. The oracle is the one-device run: every layout must give the same loss sums,
+gradient norms and updated parameters (float32, 1e-5). SGD makes the update linear in the gradient, so parameter
+differences measure the step's arithmetic (see the helper's docstring for why Adam's first step is not used).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import flax.linen as nn
+import numpy as np
+import pytest
+
+from transformer_jax import parallel
+from transformer_jax.config import tiny
+from transformer_jax.train.pmap_step import split_batch
+
+# One subprocess run feeds the whole module: keep it on one xdist worker (pytest -n N --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("parallel_layouts")
+
+HELPER = Path(__file__).parent / "helpers" / "parallel_layouts.py"
+STEP_LAYOUTS = ("pmap", "data8", "fsdp4_data2", "tensor2_data4")
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def layouts():
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    command = [sys.executable, str(HELPER), "--steps", "2", "--fast", "--layouts", ",".join(("single",) + STEP_LAYOUTS),
+               "--bytes-only", "fsdp8"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, f"{' '.join(command)} failed:\n{proc.stderr[-4000:]}"
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert data["device_count"] == 8
+    for name, result in data["layouts"].items():  # informational (pytest -s / -rA shows it)
+        print(f"{name:>14} mesh={result['mesh']} first call {result.get('first_call_s') or 0:.1f}s "
+              f"step {result.get('step_s') or 0:.3f}s params/device {result['param_bytes_per_device'][-1]} B "
+              f"of {result['param_bytes_total']} B")
+    return data["layouts"]
+
+
+# ---------------------------------------------------------------------------------------------- equality
+
+
+@pytest.mark.parametrize("name", STEP_LAYOUTS)
+def test_layout_gives_the_one_device_update(layouts, name):
+    single, other = layouts["single"], layouts[name]
+    assert len(other["metrics"]) == len(single["metrics"]) == 2
+    for mine, reference in zip(other["metrics"], single["metrics"]):
+        assert mine["tokens"] == reference["tokens"]
+        for key in ("loss", "nll", "grad_norm", "learning_rate"):
+            np.testing.assert_allclose(mine[key], reference[key], rtol=TOLERANCE, err_msg=key)
+        assert mine["updated"] == 1.0
+    assert max(other["max_param_diff"]) <= TOLERANCE
+    # The comparison is not vacuous: every step moves some parameter by far more than the tolerance.
+    assert min(single["max_update_of_single"]) > 100 * TOLERANCE
+
+
+def test_loss_depends_on_the_update(layouts):
+    """Step 2's loss is measured after step 1's update: equal second losses check the updated state too."""
+    losses = [m["loss"] for m in layouts["single"]["metrics"]]
+    assert losses[0] != losses[1]
+
+
+# ---------------------------------------------------------------------------------------------- bytes
+
+
+def test_fsdp8_holds_an_eighth_of_the_parameters_per_device(layouts):
+    result = layouts["fsdp8"]
+    total = result["param_bytes_total"]
+    per_device = result["param_bytes_per_device"]
+    assert len(per_device) == 8
+    assert max(per_device) <= total / 8 * 1.01
+    assert sum(per_device) == total  # nothing replicated
+    adam = result["adam_state_bytes"]  # Adam's moments are sharded like the parameters
+    assert adam["per_device"] <= adam["total"] / 8 * 1.01
+    assert layouts["single"]["adam_state_bytes"]["per_device"] == layouts["single"]["adam_state_bytes"]["total"]
+
+
+def test_bytes_per_device_of_each_layout(layouts):
+    total = layouts["single"]["param_bytes_total"]
+    assert layouts["data8"]["param_bytes_per_device"] == [total] * 8  # replicated
+    assert layouts["pmap"]["param_bytes_per_device"] == [total] * 8
+    assert max(layouts["fsdp4_data2"]["param_bytes_per_device"]) <= total / 4 * 1.01
+    tensor = max(layouts["tensor2_data4"]["param_bytes_per_device"])
+    assert total / 2 <= tensor <= total / 2 * 1.05  # heads, mlp, vocab split; LayerNorms replicated
+
+
+def test_parameter_specs_follow_the_rules(layouts):
+    assert layouts["fsdp4_data2"]["param_specs_example"] == {
+        "embedding": "P(None, 'fsdp')", "ffn_wi_kernel": "P('fsdp', None)", "query_kernel": "P('fsdp', None, None)"}
+    assert layouts["tensor2_data4"]["param_specs_example"] == {
+        "embedding": "P('tensor', None)", "ffn_wi_kernel": "P(None, 'tensor')",
+        "query_kernel": "P(None, 'tensor', None)"}
+
+
+def test_decode_cache_is_split_along_batch(layouts):
+    cache = layouts["tensor2_data4"]["decode_cache"]
+    assert cache["cached_key"]["spec"] == "P(('data', 'fsdp'), None, 'tensor', None)"
+    batch, length, heads, head_dim = cache["cached_key"]["shape"]
+    assert cache["cached_key"]["shard_shape"] == [batch // 4, length, heads // 2, head_dim]
+    assert cache["memory_key"]["shard_shape"][0] == batch // 4
+    assert cache["cache_index"]["spec"] == "P()"
+    assert layouts["fsdp4_data2"]["decode_cache"]["cached_key"]["shard_shape"][0] == batch // 8
+
+
+# ---------------------------------------------------------------------------------------------- rules (in-process)
+
+
+def spec(axes, rules):
+    return tuple(nn.logical_to_mesh_axes(axes, rules))
+
+
+def test_rule_tables():
+    assert spec(("vocab", "embed"), parallel.FSDP_RULES) == (None, "fsdp")
+    assert spec(("mlp",), parallel.FSDP_RULES) == ("fsdp",)  # a vector without 'embed' falls back to 'mlp'
+    assert spec(("embed", "heads", "kv"), parallel.TENSOR_RULES) == (None, "tensor", None)
+    assert spec(("heads", "kv", "embed"), parallel.TENSOR_RULES) == ("tensor", None, None)
+    assert spec(("embed", "mlp"), parallel.FSDP_TENSOR_RULES) == ("fsdp", "tensor")
+    assert spec(("vocab", "embed"), parallel.FSDP_TENSOR_RULES) == ("tensor", "fsdp")
+    for rules in parallel.RULE_TABLES.values():
+        assert spec(("batch", "length"), rules) == (("data", "fsdp"), None)
+    assert parallel.make_rules() == tuple(parallel.make_rules(False, False))
+
+
+def fake_mesh(**sizes):
+    return SimpleNamespace(shape={"data": 1, "fsdp": 1, "tensor": 1, **sizes})
+
+
+def test_rules_chosen_from_mesh_and_config():
+    assert parallel.rules_for_mesh(fake_mesh(data=8)) == parallel.make_rules() == tuple(parallel.DEFAULT_RULES)
+    assert parallel.rules_for_mesh(fake_mesh(fsdp=4)) == parallel.FSDP_RULES
+    assert parallel.rules_for_mesh(fake_mesh(tensor=2)) == parallel.TENSOR_RULES
+    assert parallel.rules_for_mesh(fake_mesh(fsdp=2, tensor=2)) == parallel.FSDP_TENSOR_RULES
+    assert parallel.rules_from_config({"data": 2, "fsdp": 4}, fake_mesh(data=2, fsdp=4)) == parallel.FSDP_RULES
+    assert parallel.rules_from_config({"rules": "tensor"}, fake_mesh(tensor=2)) == parallel.TENSOR_RULES
+    with pytest.raises(ValueError, match="mesh.rules='dp' does not fit"):
+        parallel.rules_from_config({"rules": "dp"}, fake_mesh(fsdp=4))
+    with pytest.raises(ValueError, match="unknown"):
+        parallel.rules_from_config({"rules": "zero3"}, fake_mesh())
+
+
+def test_parallel_mode():
+    assert parallel.parallel_mode({}) == "jit"
+    assert parallel.parallel_mode(SimpleNamespace(mode="pmap", fsdp=1, tensor=1)) == "pmap"
+    with pytest.raises(ValueError, match="data parallel only"):
+        parallel.parallel_mode({"mode": "pmap", "fsdp": 2})
+    with pytest.raises(ValueError, match="unknown"):
+        parallel.parallel_mode({"mode": "pjit"})
+
+
+def test_model_must_divide_over_the_mesh():
+    parallel.check_model_fits_mesh(tiny(), fake_mesh(fsdp=8), parallel.FSDP_RULES)
+    with pytest.raises(ValueError, match="'heads' \\(size 4\\)"):
+        parallel.check_model_fits_mesh(tiny(), fake_mesh(tensor=8), parallel.TENSOR_RULES)
+    with pytest.raises(ValueError, match="'vocab' \\(size 500\\)"):
+        parallel.check_model_fits_mesh(tiny(vocab_size=500), fake_mesh(tensor=8), parallel.TENSOR_RULES)
+
+
+def test_split_batch_for_pmap():
+    batch = {"inputs": np.arange(24).reshape(8, 3)}
+    split = split_batch(batch, 4)
+    assert split["inputs"].shape == (4, 2, 3)
+    np.testing.assert_array_equal(split["inputs"][1], batch["inputs"][2:4])
+    with pytest.raises(ValueError, match="multiple of the device count"):
+        split_batch({"inputs": np.zeros((6, 3))}, 4)

@@ -1,0 +1,152 @@
+"""The jitted train / eval steps: overfitting, exact gradient accumulation, shardings, mixed precision."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from ml_collections import ConfigDict
+
+from transformer_jax import parallel
+from transformer_jax.config import tiny
+from transformer_jax.model import Transformer
+from transformer_jax.train.loss import cross_entropy_sums
+from transformer_jax.train.optimizer import make_optimizer
+from transformer_jax.train.state import state_initializer
+from transformer_jax.train.step import FAST_COMPILE_OPTIONS, jit_eval_step, jit_train_step, make_eval_step, make_train_step
+
+VOCAB = 24
+
+
+def small_model(**changes):
+    values = dict(vocab_size=VOCAB, d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1, num_decoder_layers=1,
+                  max_len=16, dropout_rate=0.0)
+    return tiny(**{**values, **changes})
+
+
+def optimizer(warmup=50, scale=1.0):
+    return make_optimizer(ConfigDict(dict(warmup_steps=warmup, lr_scale=scale, adam_b1=0.9, adam_b2=0.98,
+                                          adam_eps=1e-9, clip_grad_norm=0.0)), 32)
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(model_cfg, accum_steps=1, label_smoothing=0.0, warmup=30, scale=2.0):
+    """Jitted (init, step, eval) per setting, shared by the tests (compiling dominates their time)."""
+    tx, schedule = optimizer(warmup, scale)
+    mesh = parallel.make_mesh()
+    fast = FAST_COMPILE_OPTIONS  # the numbers do not depend on it; compiling is 2-3x faster
+    init, shardings, _ = state_initializer(model_cfg, tx, mesh, accum_steps=accum_steps, compiler_options=fast)
+    step = jit_train_step(make_train_step(Transformer(model_cfg), tx, schedule, label_smoothing=label_smoothing,
+                                          accum_steps=accum_steps), shardings, mesh, compiler_options=fast)
+    evaluate = jit_eval_step(make_eval_step(Transformer(model_cfg), label_smoothing=label_smoothing),
+                             shardings.params, mesh, compiler_options=fast)
+    return init, step, evaluate, mesh, shardings
+
+
+def setup(model_cfg, accum_steps=1, **settings):
+    """A fresh state (seed 0) and the step functions; the state is donated by each step.
+
+    Every setting starts from the same initial state, made by one compiled init (the parameter tree does
+    not depend on dropout, dtype or accumulation), so only the steps compile per setting.
+    """
+    init, _, _, _, _ = compiled(small_model())
+    _, step, evaluate, mesh, shardings = compiled(model_cfg, accum_steps, **settings)
+    state = init(jax.random.PRNGKey(0))
+    if accum_steps > 1:
+        state = state.replace(grad_accum=jax.tree.map(jnp.zeros_like, state.params),
+                              accum_tokens=jnp.zeros((), jnp.float32))
+    return state, step, evaluate, mesh, shardings
+
+
+def make_batch(sources, targets, length=8):
+    """Rows of ids (without eos) -> padded batch; targets end with eos=2, decoder inputs start with bos=1."""
+    batch = {name: np.zeros((len(sources), length), np.int32) for name in ("inputs", "targets", "decoder_inputs")}
+    for row, (source, target) in enumerate(zip(sources, targets)):
+        batch["inputs"][row, :len(source) + 1] = list(source) + [2]
+        batch["targets"][row, :len(target) + 1] = list(target) + [2]
+        batch["decoder_inputs"][row, :len(target) + 1] = [1] + list(target)
+    return batch
+
+
+def random_pairs(count, seed=0):
+    rng = np.random.default_rng(seed)
+    sources = [list(rng.integers(4, VOCAB, size=rng.integers(2, 7))) for _ in range(count)]
+    return sources, [source[::-1] for source in sources]  # translate = reverse
+
+
+def test_overfits_a_handful_of_pairs():
+    state, step, evaluate, _, _ = setup(small_model())
+    batch = make_batch(*random_pairs(6))
+    first = None
+    for _ in range(400):
+        state, metrics = step(state, batch)
+        first = float(metrics["nll"] / metrics["tokens"]) if first is None else first
+    sums = evaluate(state.params, batch)
+    assert first > 2.5  # ~log(24) at the start
+    assert float(sums["nll"] / sums["tokens"]) < 0.02
+    assert float(sums["correct"]) == float(sums["tokens"])
+
+
+def test_gradient_accumulation_equals_concatenated_batch():
+    sources, targets = random_pairs(6, seed=1)
+    full = make_batch(sources, targets)
+    micro = [make_batch(sources[:2], targets[:2]), make_batch(sources[2:], targets[2:])]  # 2 + 4 rows
+    single, step_single, _, _, _ = setup(small_model(), accum_steps=1)
+    accum, step_accum, _, _, _ = setup(small_model(), accum_steps=2)
+    np.testing.assert_array_equal(single.params["embed"]["embedding"], accum.params["embed"]["embedding"])
+    before = jax.tree.map(np.asarray, accum.params)
+    for update in range(3):  # three updates, so Adam's moments and the schedule are exercised too
+        single, metrics_single = step_single(single, full)
+        accum, metrics_first = step_accum(accum, micro[0])
+        if update == 0:
+            assert float(metrics_first["updated"]) == 0.0
+            jax.tree.map(np.testing.assert_array_equal, before, jax.tree.map(np.asarray, accum.params))
+        accum, metrics_last = step_accum(accum, micro[1])
+        assert float(metrics_last["updated"]) == 1.0
+        assert float(metrics_first["tokens"] + metrics_last["tokens"]) == float(metrics_single["tokens"])
+        np.testing.assert_allclose(float(metrics_first["nll"] + metrics_last["nll"]),
+                                   float(metrics_single["nll"]), rtol=1e-6)
+        np.testing.assert_allclose(float(metrics_last["grad_norm"]), float(metrics_single["grad_norm"]), rtol=1e-5)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=0), single.params, accum.params)
+    assert int(accum.step) == 6 and int(single.step) == 3
+    assert float(metrics_single["learning_rate"]) == pytest.approx(2 * 32 ** -0.5 * 3 * 30 ** -1.5, rel=1e-6)
+
+
+def test_eval_step_sums_match_the_loss_function():
+    model_cfg = small_model()
+    state, _, evaluate, _, _ = setup(model_cfg)
+    batch = make_batch(*random_pairs(3, seed=2))
+    logits = Transformer(model_cfg).apply({"params": state.params}, batch["inputs"], batch["decoder_inputs"])
+    expected = cross_entropy_sums(logits, jnp.asarray(batch["targets"]), label_smoothing=0.0)
+    sums = evaluate(state.params, batch)
+    np.testing.assert_allclose(float(sums["loss"]), float(expected.loss), rtol=1e-6)
+    assert float(sums["tokens"]) == float((batch["targets"] != 0).sum())
+
+
+def test_shardings_come_from_logical_rules():
+    state, _, _, mesh, shardings = setup(small_model())
+    assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "tensor": 1}
+    embedding = state.params["embed"]["embedding"]
+    assert embedding.sharding.mesh.axis_names == ("data", "fsdp", "tensor")
+    assert tuple(shardings.params["embed"]["embedding"].spec) == (None, None)
+    assert tuple(parallel.batch_sharding(mesh).spec) == (("data", "fsdp"), None)
+    rules = [("vocab", "tensor"), ("embed", "fsdp")] + list(parallel.DEFAULT_RULES)
+    spec = parallel.logical_sharding(mesh, ("vocab", "embed"), rules).spec
+    assert tuple(spec) == ("tensor", "fsdp")
+
+
+def test_bfloat16_activations_float32_params_and_dropout_from_step():
+    """bfloat16 activations keep float32 params and loss; dropout masks depend on (seed, step) only."""
+    model_cfg = small_model(dtype="bfloat16", dropout_rate=0.2)
+    batch = make_batch(*random_pairs(4, seed=4))
+    a, step, _, _, _ = setup(model_cfg)
+    b, _, _, _, _ = setup(model_cfg)
+    a, metrics_a = step(a, batch)
+    b, metrics_b = step(b, batch)
+    assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(a.params))
+    assert metrics_a["loss"].dtype == jnp.float32 and np.isfinite(float(metrics_a["loss"]))
+    assert float(metrics_a["loss"]) == float(metrics_b["loss"])  # same seed, same step: same masks
+    jax.tree.map(np.testing.assert_array_equal, a.params, b.params)
+    _, metrics_next = step(a, batch)  # the next step draws different masks
+    assert float(metrics_next["loss"]) != float(metrics_a["loss"])

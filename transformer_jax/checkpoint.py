@@ -1,0 +1,193 @@
+"""Orbax checkpoints of a training run, and loading a trained model from its workdir.
+
+Layout of a workdir:
+
+    {workdir}/config.json          resolved experiment config (model section complete: vocab and special ids)
+    {workdir}/spm.model            the SentencePiece model (data/tokenizer.py)
+    {workdir}/checkpoints/{step}/  state/ (TrainState: params, opt_state, step, rng, ...), data/ (iterator JSON)
+
+Saves are asynchronous (orbax writes in a background thread while training continues); the last `keep`
+checkpoints are kept. Before anything is restored or overwritten, `check_compatible` compares the shapes of
+the saved parameters with those the config asks for and names every difference.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import flax
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_DIR = "checkpoints"
+CONFIG_FILENAME = "config.json"
+
+
+class CheckpointMismatchError(ValueError):
+    """A saved checkpoint does not fit the configured model."""
+
+
+def _flat_shapes(tree: Any, prefix: str = "") -> dict[str, tuple[int, ...]]:
+    """{'a/b/c': shape} for a nested dict whose leaves have `.shape` (arrays, ShapeDtypeStruct, metadata)."""
+    out = {}
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            out.update(_flat_shapes(value, f"{prefix}{key}/"))
+    elif tree is not None:
+        out[prefix.rstrip("/")] = tuple(getattr(tree, "shape", ()))
+    return out
+
+
+def describe_mismatch(saved: dict[str, tuple], wanted: dict[str, tuple]) -> list[str]:
+    """Human-readable lines for every parameter missing, extra, or of a different shape."""
+    lines = []
+    for name in sorted(set(saved) | set(wanted)):
+        if name not in saved:
+            lines.append(f"  {name}: in the config {wanted[name]}, not in the checkpoint")
+        elif name not in wanted:
+            lines.append(f"  {name}: in the checkpoint {saved[name]}, not in the config")
+        elif saved[name] != wanted[name]:
+            lines.append(f"  {name}: checkpoint {saved[name]} vs config {wanted[name]}")
+    return lines
+
+
+class Checkpointer:
+    """An orbax CheckpointManager over {workdir}/checkpoints with two items: 'state' and 'data' (JSON)."""
+
+    def __init__(self, workdir: str | Path, *, keep: int | None = 5, async_save: bool = True):
+        self.directory = Path(workdir).absolute() / CHECKPOINT_DIR
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
+        )
+        handlers = {"state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler()}
+        self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self.manager.all_steps())
+
+    def saved_param_shapes(self, step: int) -> dict[str, tuple[int, ...]]:
+        metadata = self.manager.item_metadata(step)["state"]
+        tree = getattr(metadata, "tree", metadata)
+        return _flat_shapes(tree.get("params", {}))
+
+    def check_compatible(self, step: int, abstract_state: Any) -> None:
+        """Raises CheckpointMismatchError naming the parameters whose names/shapes differ."""
+        wanted = _flat_shapes(flax.serialization.to_state_dict(abstract_state)["params"])
+        saved = self.saved_param_shapes(step)
+        lines = describe_mismatch(saved, wanted)
+        if lines:
+            raise CheckpointMismatchError(
+                f"The checkpoint at {self.directory / str(step)} does not fit the configured model; "
+                f"{len(lines)} parameter(s) differ:\n" + "\n".join(lines) +
+                "\nUse the config it was trained with (see config.json in the workdir) or a fresh --workdir. "
+                "Nothing was overwritten."
+            )
+
+    def save(self, step: int, state: Any, data_state: dict | None = None, *, wait: bool = False) -> None:
+        """Starts an (async) save of the state and the data position at `step`."""
+        args = ocp.args.Composite(
+            state=ocp.args.StandardSave(flax.serialization.to_state_dict(state)),
+            data=ocp.args.JsonSave(data_state or {}),
+        )
+        self.manager.save(step, args=args, force=True)
+        if wait:
+            self.manager.wait_until_finished()
+
+    def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict]:
+        """(state, data_state) at `step`, placed like `abstract_state` (ShapeDtypeStructs with shardings)."""
+        self.check_compatible(step, abstract_state)
+        target = flax.serialization.to_state_dict(abstract_state)
+        restored = self.manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore(),
+        ))
+        state = flax.serialization.from_state_dict(abstract_state, restored["state"])
+        return state, dict(restored["data"] or {})
+
+    def restore_params(self, step: int | None = None) -> Any:
+        """The saved parameters as a nested dict of arrays (no target needed; for inference and averaging)."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"No checkpoint in {self.directory}.")
+        restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(),
+                                                                      data=ocp.args.JsonRestore()))
+        return restored["state"]["params"]
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()
+
+
+def save_config(workdir: str | Path, config: dict) -> None:
+    path = Path(workdir) / CONFIG_FILENAME
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(config, indent=2, sort_keys=True, default=str))
+    tmp.replace(path)
+
+
+def load_config(workdir: str | Path) -> dict:
+    path = Path(workdir) / CONFIG_FILENAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: is {workdir} the --workdir of a `transformer-jax train` run?")
+    return json.loads(path.read_text())
+
+
+def model_config_from_workdir(workdir: str | Path):
+    """The ModelConfig a run in `workdir` trained (from config.json's complete model section)."""
+    from transformer_jax.config import ModelConfig
+
+    fields = dict(load_config(workdir)["model"])
+    fields.pop("preset", None)
+    return ModelConfig(**fields)
+
+
+def load_model_for_inference(workdir: str | Path, step: int | None = None):
+    """(ModelConfig, params, tokenizer) of the run in `workdir` at `step` (default: the latest checkpoint).
+
+    params is a nested dict of arrays for `Transformer(model_config).apply({'params': params}, ...)`.
+    """
+    from transformer_jax.data.tokenizer import MODEL_FILENAME, Tokenizer
+
+    workdir = Path(workdir)
+    model_config = model_config_from_workdir(workdir)
+    checkpointer = Checkpointer(workdir, keep=None, async_save=False)
+    try:
+        params = checkpointer.restore_params(step)
+    finally:
+        checkpointer.close()
+    params = jax.tree.map(lambda x: np.asarray(x) if not isinstance(x, jax.Array) else x, params)
+    tokenizer = Tokenizer.from_bytes((workdir / MODEL_FILENAME).read_bytes())
+    return model_config, params, tokenizer
+
+
+def average_params(workdir: str | Path, steps: list[int] | None = None, last: int | None = None) -> Any:
+    """Element-wise mean of the parameters of several checkpoints (paper §6.1 averages the last 5 / 20).
+
+    steps: explicit steps; else the `last` most recent ones (default all kept).
+    """
+    checkpointer = Checkpointer(workdir, keep=None, async_save=False)
+    try:
+        available = checkpointer.all_steps()
+        chosen = steps if steps is not None else available[-last:] if last else available
+        missing = sorted(set(chosen) - set(available))
+        if missing or not chosen:
+            raise FileNotFoundError(f"Checkpoints {missing or chosen} not in {checkpointer.directory}; "
+                                    f"available steps: {available}.")
+        total = None
+        for step in chosen:
+            params = jax.tree.map(lambda x: np.asarray(x, np.float64), checkpointer.restore_params(step))
+            total = params if total is None else jax.tree.map(np.add, total, params)
+        return jax.tree.map(lambda x: (x / len(chosen)).astype(np.float32), total)
+    finally:
+        checkpointer.close()

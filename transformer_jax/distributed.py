@@ -1,0 +1,378 @@
+"""Multi-host start-up, and each process's share of the global batch (docs/SCALING.md).
+
+    info = distributed.initialize(config.distributed)     # FIRST, before any other JAX call
+    mesh = parallel.make_mesh(dict(config.mesh))          # over jax.devices(): every process's devices
+    shard_index, shard_count = distributed.data_shard(mesh, rules)   # -> TrainBatches(shard_index=, shard_count=)
+    batch = distributed.global_batch(local_batch, mesh, rules)      # process-local rows -> global jax.Arrays
+
+Settings come from the config section (any of dict / ml_collections.ConfigDict / DistributedConfig), then from
+the environment, then from JAX's cluster auto-detection (Cloud TPU pods, SLURM, Open MPI, ...):
+
+    coordinator_address   'host:port' of process 0          env TJ_COORDINATOR_ADDRESS or JAX_COORDINATOR_ADDRESS
+    num_processes         how many processes in all         env TJ_NUM_PROCESSES
+    process_id            this process, 0 .. num_processes-1   env TJ_PROCESS_ID
+    local_device_ids      devices of this process (GPU)     env JAX_LOCAL_DEVICE_IDS (read by JAX)
+    initialization_timeout  seconds to wait for all processes (default 300)
+
+With nothing set and no cluster detected, `initialize` does nothing (one process). A launch that cannot complete
+(coordinator unreachable, a process missing, processes disagreeing on the process count) raises
+`DistributedStartupError` within about `initialization_timeout` seconds, saying what to check, instead of hanging.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from typing import Any, Mapping, NamedTuple, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from transformer_jax import parallel
+
+logger = logging.getLogger(__name__)
+
+ENV_COORDINATOR = ("TJ_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS")
+ENV_NUM_PROCESSES = ("TJ_NUM_PROCESSES",)
+ENV_PROCESS_ID = ("TJ_PROCESS_ID",)
+# Environment variables by which a launcher tells each process that it is one of several.
+CLUSTER_HINTS = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+_LAUNCH_KEY = "transformer_jax/launch/"
+
+
+class DistributedStartupError(RuntimeError):
+    """The processes of a multi-host run could not find each other; the message says what to check."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    """How this process joins a multi-process run. None fields come from the environment / auto-detection.
+
+    enabled: True = always call jax.distributed.initialize (e.g. on a Cloud TPU pod slice, where JAX detects
+    everything); False = never; None = only when a setting is given or a launcher (SLURM, Open MPI) says there are
+    several processes.
+    cpu_collectives: 'gloo' (JAX's default) or 'mpi', for cross-process collectives of CPU devices.
+    """
+
+    enabled: bool | None = None
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    local_device_ids: tuple[int, ...] | None = None
+    initialization_timeout: int = 300
+    heartbeat_timeout: int = 100
+    cluster_detection_method: str | None = None
+    cpu_collectives: str | None = None
+
+
+class ProcessInfo(NamedTuple):
+    process_index: int
+    process_count: int
+    local_device_count: int
+    device_count: int
+    initialized: bool  # True when jax.distributed was initialized (several processes)
+
+
+def _field(section: Any, name: str, default: Any = None) -> Any:
+    if section is None:
+        return default
+    if isinstance(section, Mapping) or hasattr(section, "keys"):
+        value = section[name] if name in section.keys() else default
+    else:
+        value = getattr(section, name, default)
+    return default if value in ("", None) else value
+
+
+def _env(names: Sequence[str]) -> str | None:
+    for name in names:
+        value = os.environ.get(name)
+        if value:
+            return value
+    return None
+
+
+def _first(*values: Any) -> Any:
+    return next((value for value in values if value is not None), None)
+
+
+def _as_int(value: Any, what: str) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise DistributedStartupError(f"{what}={value!r} is not an integer.") from None
+
+
+def resolve_config(section: Any = None) -> DistributedConfig:
+    """The settings of `section` completed from the environment, validated (raises DistributedStartupError)."""
+    env_ids = os.environ.get("JAX_LOCAL_DEVICE_IDS")
+    local_ids = _field(section, "local_device_ids") or (env_ids.split(",") if env_ids else None)
+    cfg = DistributedConfig(
+        enabled=_field(section, "enabled"),
+        coordinator_address=_field(section, "coordinator_address") or _env(ENV_COORDINATOR),
+        num_processes=_as_int(_first(_field(section, "num_processes"), _env(ENV_NUM_PROCESSES)), "num_processes"),
+        process_id=_as_int(_first(_field(section, "process_id"), _env(ENV_PROCESS_ID)), "process_id"),
+        local_device_ids=None if local_ids is None else tuple(int(i) for i in local_ids),
+        initialization_timeout=_as_int(_field(section, "initialization_timeout", 300), "initialization_timeout"),
+        heartbeat_timeout=_as_int(_field(section, "heartbeat_timeout", 100), "heartbeat_timeout"),
+        cluster_detection_method=_field(section, "cluster_detection_method"),
+        cpu_collectives=_field(section, "cpu_collectives"),
+    )
+    address = cfg.coordinator_address
+    if address is not None:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise DistributedStartupError(
+                f"coordinator_address={address!r} is not 'host:port' (e.g. '10.0.0.1:1234'): the address of "
+                f"process 0, with a port free on that host, the same for every process.")
+    if cfg.num_processes is not None and cfg.num_processes < 1:
+        raise DistributedStartupError(f"num_processes={cfg.num_processes} must be at least 1.")
+    if cfg.process_id is not None and cfg.num_processes is not None and \
+            not 0 <= cfg.process_id < cfg.num_processes:
+        raise DistributedStartupError(
+            f"process_id={cfg.process_id} must lie in [0, num_processes={cfg.num_processes}); give each process "
+            f"a distinct id 0 .. {cfg.num_processes - 1}.")
+    if cfg.initialization_timeout <= 0:
+        raise DistributedStartupError(f"initialization_timeout={cfg.initialization_timeout} must be positive.")
+    if cfg.cpu_collectives not in (None, "gloo", "mpi"):
+        raise DistributedStartupError(f"cpu_collectives={cfg.cpu_collectives!r}: use 'gloo' or 'mpi'.")
+    return cfg
+
+
+def _wanted(cfg: DistributedConfig) -> bool:
+    if cfg.enabled is not None:
+        return bool(cfg.enabled)
+    if cfg.num_processes == 1:
+        return False
+    if cfg.coordinator_address or cfg.num_processes or cfg.cluster_detection_method:
+        return True
+    return any(int(os.environ.get(name, "1") or 1) > 1 for name in CLUSTER_HINTS)
+
+
+def _info(initialized: bool) -> ProcessInfo:
+    return ProcessInfo(jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count(),
+                       initialized)
+
+
+def _describe(cfg: DistributedConfig) -> str:
+    return (f"process_id={cfg.process_id}, num_processes={cfg.num_processes}, coordinator_address="
+            f"{cfg.coordinator_address!r}, initialization_timeout={cfg.initialization_timeout}s")
+
+
+# JAX's own connection deadline is set this much later than initialization_timeout, so that a failed start-up
+# ends with this module's message (the watchdog) rather than the runtime's abort.
+_JAX_DEADLINE_GRACE_S = 15
+STARTUP_FAILED_EXIT_CODE = 3
+_HINTS = ("Check that: process 0 is running and reachable at coordinator_address from every host (the same "
+          "address for all processes, its port free on process 0's host and open in the firewall); all "
+          "num_processes processes were started, each with a distinct process_id in [0, num_processes) and the "
+          "same num_processes; no proxy variables (http_proxy, ...) redirect the connection.")
+
+
+class _Watchdog:
+    """Ends the process with a clear message if start-up is not done within the timeout.
+
+    The JAX runtime reports a failed rendezvous by aborting the process from C++ (DEADLINE_EXCEEDED on
+    RegisterTask, after its own deadline) and a shutdown after a failure can wait for peers that never come; neither
+    can be caught in Python, so a timer says what went wrong first and exits with STARTUP_FAILED_EXIT_CODE.
+    """
+
+    def __init__(self, seconds: float, message: str):
+        import threading
+
+        self.message = message
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self):
+        import sys
+
+        text = f"DistributedStartupError: {self.message}"
+        print(text, file=sys.stderr, flush=True)
+        os._exit(STARTUP_FAILED_EXIT_CODE)
+
+    def cancel(self):
+        self._timer.cancel()
+
+
+def _preflight(cfg: DistributedConfig) -> None:
+    """Cheap socket checks with clear errors, before the JAX runtime starts (nothing to clean up yet)."""
+    import socket
+    import time
+
+    if not cfg.coordinator_address or cfg.process_id is None:
+        return  # left to cluster auto-detection
+    host, _, port = cfg.coordinator_address.rpartition(":")
+    host, port = host.strip("[]"), int(port)
+    if cfg.process_id == 0:
+        probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the coordinator's server does
+        try:
+            probe.bind(("", port))
+        except OSError as error:
+            raise DistributedStartupError(
+                f"process 0 must serve the coordinator on port {port}, but it cannot bind it ({error}): another "
+                f"program (or an earlier run) holds it. Choose a free port for coordinator_address "
+                f"({cfg.coordinator_address!r}).") from None
+        finally:
+            probe.close()
+        return
+    deadline = time.monotonic() + cfg.initialization_timeout
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=1.0).close()
+            return
+        except OSError as error:
+            if time.monotonic() >= deadline:
+                raise DistributedStartupError(
+                    f"process {cfg.process_id} could not reach the coordinator at {cfg.coordinator_address!r} "
+                    f"within initialization_timeout={cfg.initialization_timeout}s ({error}). Is process 0 "
+                    f"running, on that host, with the same coordinator_address? " + _HINTS) from None
+            time.sleep(0.25)
+
+
+def initialize(section: Any = None) -> ProcessInfo:
+    """Joins the multi-process run described by `section` / the environment; call before any other JAX use.
+
+    Returns this process's index and count. Safe to call twice (the second call only reports). A start-up that
+    cannot complete raises DistributedStartupError, or -- when the JAX runtime is already waiting -- prints the
+    same kind of message and exits with STARTUP_FAILED_EXIT_CODE, within about initialization_timeout seconds.
+    """
+    if jax.distributed.is_initialized():
+        return _info(True)
+    cfg = resolve_config(section)
+    if not _wanted(cfg):
+        return _info(False)
+    from jax._src import xla_bridge  # no public query; jax raises a terse error otherwise
+
+    if xla_bridge.backends_are_initialized():
+        raise DistributedStartupError(
+            "transformer_jax.distributed.initialize() must run before any other JAX call (jax.devices(), creating "
+            "an array, jit): JAX has already started its devices in this process as a single process. Call it "
+            "first thing in main().")
+    if cfg.cpu_collectives:
+        jax.config.update("jax_cpu_collectives_implementation", cfg.cpu_collectives)
+    logger.info("joining the distributed run: %s", _describe(cfg))
+    _preflight(cfg)
+    watchdog = _Watchdog(cfg.initialization_timeout,
+                         f"the distributed start-up did not complete within initialization_timeout="
+                         f"{cfg.initialization_timeout}s ({_describe(cfg)}): some of the num_processes processes "
+                         f"did not join. " + _HINTS)
+    try:
+        try:
+            jax.distributed.initialize(
+                coordinator_address=cfg.coordinator_address, num_processes=cfg.num_processes,
+                process_id=cfg.process_id,
+                local_device_ids=None if cfg.local_device_ids is None else list(cfg.local_device_ids),
+                cluster_detection_method=cfg.cluster_detection_method,
+                initialization_timeout=cfg.initialization_timeout + _JAX_DEADLINE_GRACE_S,
+                heartbeat_timeout_seconds=cfg.heartbeat_timeout,
+            )
+        except Exception as error:  # XlaRuntimeError (UNAVAILABLE, ...), ValueError from auto-detection
+            watchdog.message = f"could not join the distributed run ({_describe(cfg)}): {error}. " + _HINTS
+            _shutdown_quietly()
+            raise DistributedStartupError(watchdog.message) from error
+        problem = _check_agreement(cfg)
+        if problem:
+            watchdog.message = problem
+            _shutdown_quietly()
+            raise DistributedStartupError(problem)
+    finally:
+        watchdog.cancel()
+    info = _info(True)
+    logger.info("process %d of %d: %d local devices of %d", *info[:4])
+    return info
+
+
+def _check_agreement(cfg: DistributedConfig) -> str | None:
+    """Every process must agree with process 0 on the process count; JAX itself would wait for missing peers
+    (for minutes) when they disagree. Each process publishes its count, meets the others at a barrier, and
+    compares with process 0's and then everyone's, so every process of a bad launch reports the problem.
+    Returns the problem's description, or None."""
+    from jax._src import distributed as jax_distributed
+
+    client = jax_distributed.global_state.client
+    me = jax_distributed.global_state.process_id
+    count = int(jax_distributed.global_state.num_processes)
+    timeout_ms = max(1, int(cfg.initialization_timeout)) * 1000
+    seen: dict[int, int] = {}
+    try:
+        client.key_value_set(f"{_LAUNCH_KEY}{me}", json.dumps({"num_processes": count}))
+        client.wait_at_barrier("transformer_jax_launch", timeout_ms)
+        for other in range(count):  # process 0 first; every key was written before the barrier
+            seen[other] = json.loads(client.blocking_key_value_get(f"{_LAUNCH_KEY}{other}", 5000))["num_processes"]
+            if seen[other] != count:
+                break
+    except Exception as error:
+        return (f"joined the coordinator but the processes could not compare launch settings ({_describe(cfg)}): "
+                f"{type(error).__name__}: {error}. Launch every process with the same num_processes and distinct "
+                f"process ids 0 .. num_processes-1.")
+    different = {other: n for other, n in seen.items() if n != count}
+    if different:
+        return (f"process {me} was launched with num_processes={count} but process(es) "
+                + ", ".join(f"{other} with num_processes={n}" for other, n in different.items())
+                + "; launch every process with the same num_processes (and distinct process ids 0 .. "
+                  "num_processes-1).")
+    return None
+
+
+def _shutdown_quietly() -> None:
+    try:
+        jax.distributed.shutdown()
+    except Exception:  # noqa: BLE001 -- best effort, the real error is being reported
+        pass
+
+
+def shutdown() -> None:
+    """Leaves the distributed run (waits for the other processes); a no-op for one process."""
+    if jax.distributed.is_initialized():
+        jax.distributed.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+
+def data_shard(mesh: Mesh, rules: parallel.Rules = parallel.DEFAULT_RULES) -> tuple[int, int]:
+    """(shard_index, shard_count) of this process's rows of every global batch.
+
+    The global batch is split over the mesh's batch axes; this process holds the rows of its own devices, which
+    must form one contiguous block (true for `parallel.make_mesh`, whose devices are ordered by process). Feed the
+    pair to `data.batching.TrainBatches(shard_index=, shard_count=)`: it yields rows
+    [index * rows / count, (index + 1) * rows / count) of each global batch, which is this block.
+    Processes that hold the same rows (a tensor axis spanning hosts) get the same index and must read the same data.
+    """
+    sharding = parallel.batch_sharding(mesh, rules)
+    spec = sharding.spec[0] if len(sharding.spec) else None
+    names = () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
+    shards = int(np.prod([mesh.shape[name] for name in names])) if names else 1
+    index_map = sharding.addressable_devices_indices_map((shards, 1))
+    rows = sorted({(index[0].start or 0) for index in index_map.values()})
+    if rows != list(range(rows[0], rows[0] + len(rows))):
+        raise ValueError(f"the batch rows of process {jax.process_index()} ({rows}) are not contiguous on the mesh "
+                         f"{dict(mesh.shape)}; order the mesh's devices by process (parallel.make_mesh does).")
+    count = shards // len(rows)
+    return rows[0] // len(rows), count
+
+
+def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh,
+                 rules: parallel.Rules = parallel.DEFAULT_RULES) -> dict:
+    """This process's rows (from `data_shard`) -> global jax.Arrays sharded over the batch axes.
+
+    On one process this equals `parallel.shard_batch`. Every process must call it with the same shapes.
+    """
+    sharding = parallel.batch_sharding(mesh, rules)
+    out = {}
+    for name, value in local_batch.items():
+        value = np.asarray(value)
+        try:
+            out[name] = jax.make_array_from_process_local_data(sharding, value)
+        except ValueError as error:
+            raise ValueError(f"batch[{name!r}] of local shape {value.shape} does not fit the batch sharding "
+                             f"{sharding.spec} over {dict(mesh.shape)} on process {jax.process_index()} "
+                             f"of {jax.process_count()}: {error}") from error
+    return out

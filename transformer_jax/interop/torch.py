@@ -1,0 +1,441 @@
+"""A PyTorch reference of the same Transformer, and exact conversion of parameters both ways.
+
+`TorchTransformer(config)` is built on `torch.nn.TransformerEncoderLayer` / `TransformerDecoderLayer`
+(`batch_first=True`, `norm_first` for pre-LN) with:
+
+- the token embedding scaled by sqrt(d_model) (§3.4), sinusoidal positions in the same layout as
+  `transformer_jax.layers.embedding.sinusoidal_table` (§3.5) or learned tables (one per stack, as in Flax),
+  and the output projection tied to the embedding (§3.4) unless `share_embeddings=False`;
+- custom encoder/decoder stacks: no extra final LayerNorm in post-LN mode (§3.1), a final LayerNorm in
+  pre-LN mode (what `torch.nn.TransformerEncoder(norm=...)` would add);
+- `attention_bias=False` (the paper's §3.2.2, our default): the layers are built with `bias=True` (the FFN
+  and LayerNorm keep their biases, as in Flax) and their attention modules are *replaced* by
+  `nn.MultiheadAttention(bias=False)`, so the state_dict has no attention biases at all (no frozen zeros).
+  A side effect: torch's eval-mode encoder "fast path" is off for those layers (torch requires biases).
+- dropout as in the config: `dropout_rate` on the residual branches and the embedding sums,
+  `attention_dropout_rate` inside attention, `relu_dropout_rate` between the FFN matrices
+  (torch's layers take a single rate; the sub-modules are set one by one). Use rates of 0 for parity.
+- LayerNorm epsilon from `config.layer_norm_epsilon` (1e-6 by default; torch's own default is 1e-5).
+
+Masks. Flax masks a padded *query* row entirely (its attention output is zero); torch only masks padded
+keys. Outputs therefore agree at real (non-pad) positions only; pad positions never influence real ones.
+A source row made only of padding gives NaN in torch (all keys masked) and zeros in Flax.
+
+State-dict names (torch) <- Flax parameter paths:
+  embed.weight                               <- embed/embedding                      [vocab, d_model]
+  source_embed.weight, target_embed.weight   <- source_embed/embedding, target_embed/embedding
+  output_projection.weight                   <- output_projection/kernel^T           [vocab, d_model]
+  {encoder,decoder}.positions.weight         <- {encoder,decoder}/positions/position_embedding (learned)
+  encoder.layers.i.self_attn.in_proj_weight  <- [query; key; value] kernels, each [d, h, k] -> [h*k, d]
+  encoder.layers.i.self_attn.in_proj_bias    <- [query; key; value] biases [h, k] -> [h*k] (attention_bias)
+  encoder.layers.i.self_attn.out_proj.weight <- out/kernel [h, k, d] -> [d, h*k]   (.bias <- out/bias)
+  encoder.layers.i.linear1/linear2           <- ffn/wi, ffn/wo (kernel^T, bias)
+  encoder.layers.i.norm1/norm2               <- self_attention_norm, ffn_norm (scale -> weight, bias)
+  decoder.layers.i.self_attn/multihead_attn  <- self_attention/cross_attention
+  decoder.layers.i.norm1/norm2/norm3         <- self_attention_norm/cross_attention_norm/ffn_norm
+  {encoder,decoder}.norm                     <- {encoder,decoder}/final_norm (pre-LN only)
+Every conversion is a transpose, reshape or concatenation, so a round trip is bitwise exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any, Callable, Mapping
+
+try:
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+except ImportError as error:  # pragma: no cover - exercised only where torch is absent
+    raise ImportError(
+        "transformer_jax.interop.torch needs PyTorch, which is not installed. "
+        "Install the extra with: pip install 'transformer-jax[torch]'"
+    ) from error
+
+import numpy as np
+from flax import traverse_util
+from flax.core import unfreeze
+from flax.linen import unbox
+
+from transformer_jax.config import ModelConfig
+from transformer_jax.layers.embedding import sinusoidal_table
+
+__all__ = [
+    "TorchTransformer",
+    "ConversionError",
+    "flax_to_torch_state_dict",
+    "torch_to_flax_params",
+    "export_torch_state_dict",
+    "import_torch_state_dict",
+    "torch_greedy_decode",
+    "parameter_map",
+]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The reference model
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _attention(cfg: ModelConfig, device=None) -> nn.MultiheadAttention:
+    return nn.MultiheadAttention(
+        cfg.d_model, cfg.num_heads, dropout=cfg.attention_dropout_rate, bias=cfg.attention_bias,
+        batch_first=True, device=device,
+    )
+
+
+def _configure_layer(layer: nn.Module, cfg: ModelConfig, attention_names: tuple[str, ...], device=None):
+    """Give a torch layer the config's three dropout rates and (if needed) bias-free attention."""
+    for name in attention_names:
+        if cfg.attention_bias:
+            getattr(layer, name).dropout = cfg.attention_dropout_rate
+        else:
+            setattr(layer, name, _attention(cfg, device))
+    layer.dropout.p = cfg.relu_dropout_rate  # between linear1 and linear2
+    return layer
+
+
+class _Stack(nn.Module):
+    """A stack of torch layers, its positions and (pre-LN only) a final LayerNorm."""
+
+    def __init__(self, cfg: ModelConfig, layers: list[nn.Module], device=None):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.max_len = cfg.max_len
+        if cfg.position_encoding == "learned":
+            self.positions = nn.Embedding(cfg.max_len, cfg.d_model, device=device)
+        else:
+            table = torch.from_numpy(sinusoidal_table(cfg.max_len, cfg.d_model, cfg.sinusoid_layout))
+            self.register_buffer("position_table", table.to(device), persistent=False)  # [max_len, d_model]
+        self.norm = (
+            nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_epsilon, device=device)
+            if cfg.norm_position == "pre" else None
+        )
+
+    def position_encoding(self, length: int, offset: int = 0) -> torch.Tensor:
+        """[length, d_model] encodings of positions offset..offset+length-1."""
+        if offset + length > self.max_len:
+            raise ValueError(f"positions up to {offset + length - 1} requested but ModelConfig.max_len="
+                             f"{self.max_len}; shorten the input or use a config with a larger max_len.")
+        if hasattr(self, "positions"):
+            return self.positions.weight[offset:offset + length]
+        return self.position_table[offset:offset + length]
+
+
+class TorchTransformer(nn.Module):
+    """The same encoder-decoder as `transformer_jax.model.Transformer`, on `torch.nn` layers, float32.
+
+    forward(inputs [batch, src_len], decoder_inputs [batch, tgt_len]) -> logits [batch, tgt_len, vocab].
+    Weights come from `load_state_dict(flax_to_torch_state_dict(params, config))`.
+    """
+
+    def __init__(self, config: ModelConfig, device=None):
+        super().__init__()
+        cfg = self.config = config
+        common = dict(
+            d_model=cfg.d_model, nhead=cfg.num_heads, dim_feedforward=cfg.d_ff, dropout=cfg.dropout_rate,
+            activation="relu", layer_norm_eps=cfg.layer_norm_epsilon, batch_first=True,
+            norm_first=cfg.norm_position == "pre", bias=True, device=device,
+        )
+        if cfg.share_embeddings:
+            self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, device=device)
+        else:
+            self.source_embed = nn.Embedding(cfg.vocab_size, cfg.d_model, device=device)
+            self.target_embed = nn.Embedding(cfg.vocab_size, cfg.d_model, device=device)
+            self.output_projection = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False, device=device)
+        encoder_layers = [
+            _configure_layer(nn.TransformerEncoderLayer(**common), cfg, ("self_attn",), device)
+            for _ in range(cfg.num_encoder_layers)
+        ]
+        decoder_layers = [
+            _configure_layer(nn.TransformerDecoderLayer(**common), cfg, ("self_attn", "multihead_attn"), device)
+            for _ in range(cfg.num_decoder_layers)
+        ]
+        self.encoder = _Stack(cfg, encoder_layers, device)
+        self.decoder = _Stack(cfg, decoder_layers, device)
+        self.embedding_dropout = nn.Dropout(cfg.dropout_rate)
+
+    def _embed(self, table: nn.Embedding, stack: _Stack, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """Dropout(embedding * sqrt(d_model) + position encoding): [batch, length] -> [batch, length, d_model]."""
+        x = table(tokens) * math.sqrt(self.config.d_model)
+        return self.embedding_dropout(x + stack.position_encoding(tokens.shape[1], offset)[None])
+
+    @property
+    def source_embedding(self) -> nn.Embedding:
+        return self.embed if self.config.share_embeddings else self.source_embed
+
+    @property
+    def target_embedding(self) -> nn.Embedding:
+        return self.embed if self.config.share_embeddings else self.target_embed
+
+    def encode(self, inputs: torch.Tensor) -> torch.Tensor:
+        """inputs: [batch, src_len] ids -> [batch, src_len, d_model] (pad rows differ from Flax: see module doc)."""
+        padding = inputs == self.config.pad_id  # [batch, src_len], True = ignore
+        x = self._embed(self.source_embedding, self.encoder, inputs)
+        for layer in self.encoder.layers:
+            x = layer(x, src_key_padding_mask=padding)
+        if self.encoder.norm is not None:
+            x = self.encoder.norm(x)
+        return x
+
+    def decode(self, encoded: torch.Tensor, inputs: torch.Tensor, decoder_inputs: torch.Tensor) -> torch.Tensor:
+        """Logits [batch, tgt_len, vocab] for decoder_inputs [batch, tgt_len], attending to encoded."""
+        cfg = self.config
+        length = decoder_inputs.shape[1]
+        causal = torch.ones(length, length, dtype=torch.bool, device=decoder_inputs.device).triu(1)  # True = hide
+        y = self._embed(self.target_embedding, self.decoder, decoder_inputs)
+        for layer in self.decoder.layers:
+            y = layer(
+                y, encoded, tgt_mask=causal, tgt_key_padding_mask=decoder_inputs == cfg.pad_id,
+                memory_key_padding_mask=inputs == cfg.pad_id,
+            )
+        if self.decoder.norm is not None:
+            y = self.decoder.norm(y)
+        if cfg.share_embeddings:
+            return F.linear(y, self.embed.weight)
+        return self.output_projection(y)
+
+    def forward(self, inputs: torch.Tensor, decoder_inputs: torch.Tensor) -> torch.Tensor:
+        return self.decode(self.encode(inputs), inputs, decoder_inputs)
+
+
+@torch.no_grad()
+def torch_greedy_decode(model: TorchTransformer, inputs: torch.Tensor, max_length: int,
+                        stop_early: bool = True) -> torch.Tensor:
+    """Greedy decoding that recomputes the whole prefix at every step (no cache): the simple reference.
+
+    Starts from bos_id and never picks pad_id (as `transformer_jax.decoding.greedy_decode`); returns
+    [batch, max_length] tokens (bos excluded), pad_id after a row's eos_id. With stop_early, the loop ends
+    once every row has emitted eos_id (stop_early=False always runs max_length steps, for benchmarks).
+    """
+    cfg = model.config
+    encoded = model.encode(inputs)
+    batch = inputs.shape[0]
+    tokens = torch.full((batch, max_length + 1), cfg.pad_id, dtype=torch.long, device=inputs.device)
+    tokens[:, 0] = cfg.bos_id
+    finished = torch.zeros(batch, dtype=torch.bool, device=inputs.device)
+    for index in range(max_length):
+        logits = model.decode(encoded, inputs, tokens[:, :index + 1])[:, -1]  # [batch, vocab]
+        logits[:, cfg.pad_id] = -math.inf
+        token = torch.where(finished, cfg.pad_id, logits.argmax(-1))
+        tokens[:, index + 1] = token
+        finished |= token == cfg.eos_id
+        if stop_early and bool(finished.all()):
+            break
+    return tokens[:, 1:]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The parameter map
+# ----------------------------------------------------------------------------------------------------------
+
+
+class ConversionError(ValueError):
+    """Parameters do not match the config: missing, unexpected or misshapen entries (named in the message)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    """One torch tensor and the Flax arrays it is made of (several for the packed in_proj)."""
+
+    torch_key: str
+    flax_paths: tuple[str, ...]
+    flax_shapes: tuple[tuple[int, ...], ...]
+    torch_shape: tuple[int, ...]
+    to_torch: Callable[[list[np.ndarray]], np.ndarray]
+    to_flax: Callable[[np.ndarray], list[np.ndarray]]
+
+
+def _copy(flax_path, torch_key, shape):
+    return _Entry(torch_key, (flax_path,), (tuple(shape),), tuple(shape), lambda a: a[0], lambda t: [t])
+
+
+def _transposed(flax_path, torch_key, flax_shape):
+    """Flax Dense kernel [in, out] <-> torch Linear weight [out, in]."""
+    return _Entry(torch_key, (flax_path,), (tuple(flax_shape),), tuple(flax_shape[::-1]),
+                  lambda a: a[0].T, lambda t: [t.T])
+
+
+def _attention_entries(cfg: ModelConfig, flax_prefix: str, torch_prefix: str) -> list[_Entry]:
+    d, h, k = cfg.d_model, cfg.num_heads, cfg.head_dim
+    names = ("query", "key", "value")
+    # kernel [d_model, heads, head_dim] -> [d_model, heads*head_dim] -> torch [heads*head_dim, d_model]
+    entries = [_Entry(
+        f"{torch_prefix}.in_proj_weight", tuple(f"{flax_prefix}/{n}/kernel" for n in names), ((d, h, k),) * 3,
+        (3 * h * k, d),
+        lambda arrays: np.concatenate([a.reshape(d, h * k).T for a in arrays], axis=0),
+        lambda t: [part.T.reshape(d, h, k) for part in np.split(t, 3, axis=0)],
+    )]
+    # out kernel [heads, head_dim, d_model] -> [heads*head_dim, d_model] -> torch [d_model, heads*head_dim]
+    entries.append(_Entry(
+        f"{torch_prefix}.out_proj.weight", (f"{flax_prefix}/out/kernel",), ((h, k, d),), (d, h * k),
+        lambda a: a[0].reshape(h * k, d).T, lambda t: [t.T.reshape(h, k, d)],
+    ))
+    if cfg.attention_bias:
+        entries.append(_Entry(
+            f"{torch_prefix}.in_proj_bias", tuple(f"{flax_prefix}/{n}/bias" for n in names), ((h, k),) * 3,
+            (3 * h * k,),
+            lambda arrays: np.concatenate([a.reshape(h * k) for a in arrays]),
+            lambda t: [part.reshape(h, k) for part in np.split(t, 3)],
+        ))
+        entries.append(_copy(f"{flax_prefix}/out/bias", f"{torch_prefix}.out_proj.bias", (d,)))
+    return entries
+
+
+def _norm_entries(cfg: ModelConfig, flax_prefix: str, torch_prefix: str) -> list[_Entry]:
+    return [_copy(f"{flax_prefix}/scale", f"{torch_prefix}.weight", (cfg.d_model,)),
+            _copy(f"{flax_prefix}/bias", f"{torch_prefix}.bias", (cfg.d_model,))]
+
+
+def _ffn_entries(cfg: ModelConfig, flax_prefix: str, torch_prefix: str) -> list[_Entry]:
+    return [
+        _transposed(f"{flax_prefix}/wi/kernel", f"{torch_prefix}.linear1.weight", (cfg.d_model, cfg.d_ff)),
+        _copy(f"{flax_prefix}/wi/bias", f"{torch_prefix}.linear1.bias", (cfg.d_ff,)),
+        _transposed(f"{flax_prefix}/wo/kernel", f"{torch_prefix}.linear2.weight", (cfg.d_ff, cfg.d_model)),
+        _copy(f"{flax_prefix}/wo/bias", f"{torch_prefix}.linear2.bias", (cfg.d_model,)),
+    ]
+
+
+def parameter_map(config: ModelConfig) -> list[_Entry]:
+    """Every torch state_dict entry of `TorchTransformer(config)` and the Flax parameters behind it."""
+    cfg = config
+    entries: list[_Entry] = []
+    if cfg.share_embeddings:
+        entries.append(_copy("embed/embedding", "embed.weight", (cfg.vocab_size, cfg.d_model)))
+    else:
+        entries += [
+            _copy("source_embed/embedding", "source_embed.weight", (cfg.vocab_size, cfg.d_model)),
+            _copy("target_embed/embedding", "target_embed.weight", (cfg.vocab_size, cfg.d_model)),
+            _transposed("output_projection/kernel", "output_projection.weight", (cfg.d_model, cfg.vocab_size)),
+        ]
+    stacks = {
+        "encoder": (cfg.num_encoder_layers, [("self_attention", "self_attn", "norm1"), ("ffn", None, "norm2")]),
+        "decoder": (cfg.num_decoder_layers, [("self_attention", "self_attn", "norm1"),
+                                             ("cross_attention", "multihead_attn", "norm2"),
+                                             ("ffn", None, "norm3")]),
+    }
+    for stack, (num_layers, sublayers) in stacks.items():
+        if cfg.position_encoding == "learned":
+            entries.append(_copy(f"{stack}/positions/position_embedding", f"{stack}.positions.weight",
+                                 (cfg.max_len, cfg.d_model)))
+        for index in range(num_layers):
+            flax_layer, torch_layer = f"{stack}/layer_{index}", f"{stack}.layers.{index}"
+            for flax_name, torch_attention, torch_norm in sublayers:
+                if torch_attention is None:
+                    entries += _ffn_entries(cfg, f"{flax_layer}/{flax_name}", torch_layer)
+                else:
+                    entries += _attention_entries(cfg, f"{flax_layer}/{flax_name}",
+                                                  f"{torch_layer}.{torch_attention}")
+                entries += _norm_entries(cfg, f"{flax_layer}/{flax_name}_norm", f"{torch_layer}.{torch_norm}")
+        if cfg.norm_position == "pre":
+            entries += _norm_entries(cfg, f"{stack}/final_norm", f"{stack}.norm")
+    return entries
+
+
+_HINT = ("Check that the ModelConfig matches the one the parameters were made with "
+         "(sizes, norm_position, attention_bias, share_embeddings, position_encoding).")
+
+
+def _check_names(kind: str, got: set[str], expected: set[str]) -> None:
+    missing, unexpected = sorted(expected - got), sorted(got - expected)
+    problems = []
+    if missing:
+        problems.append(f"missing {kind} parameters: {', '.join(missing)}")
+    if unexpected:
+        problems.append(f"unexpected {kind} parameters: {', '.join(unexpected)}")
+    if problems:
+        raise ConversionError("; ".join(problems) + ". " + _HINT)
+
+
+def _check_shape(kind: str, name: str, got: tuple[int, ...], expected: tuple[int, ...], other: str) -> None:
+    if tuple(got) != tuple(expected):
+        raise ConversionError(
+            f"{kind} parameter '{name}' has shape {tuple(got)} but the config expects {tuple(expected)} "
+            f"(it maps to '{other}'). {_HINT}"
+        )
+
+
+def _flax_tree(params: Any) -> dict:
+    """Unboxed, unfrozen params; accepts the params tree or a variables dict {'params': tree}."""
+    tree = unfreeze(unbox(params))
+    if set(tree) == {"params"}:
+        tree = tree["params"]
+    return tree
+
+
+def _numpy_to_torch(array: np.ndarray) -> torch.Tensor:
+    array = np.ascontiguousarray(array)
+    if array.dtype.name == "bfloat16":  # numpy has no native bfloat16; move the bits
+        return torch.from_numpy(array.view(np.uint16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(array.copy())
+
+
+def _torch_to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    tensor = tensor.detach().cpu()
+    if tensor.dtype == torch.bfloat16:
+        import ml_dtypes  # a jax dependency
+
+        return tensor.contiguous().view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
+
+
+def flax_to_torch_state_dict(params: Any, config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Flax params (boxed or not, or {'params': ...}) -> a state_dict for `TorchTransformer(config)`.
+
+    Also converts anything shaped like the params, e.g. gradients. Raises ConversionError naming every
+    missing or unexpected parameter, or the first one with a wrong shape.
+    """
+    flat = {"/".join(path): np.asarray(value)
+            for path, value in traverse_util.flatten_dict(_flax_tree(params)).items()}
+    entries = parameter_map(config)
+    _check_names("Flax", set(flat), {path for entry in entries for path in entry.flax_paths})
+    state_dict = {}
+    for entry in entries:
+        for path, shape in zip(entry.flax_paths, entry.flax_shapes):
+            _check_shape("Flax", path, flat[path].shape, shape, entry.torch_key)
+        state_dict[entry.torch_key] = _numpy_to_torch(entry.to_torch([flat[path] for path in entry.flax_paths]))
+    return state_dict
+
+
+def torch_to_flax_params(state_dict: Mapping[str, torch.Tensor], config: ModelConfig) -> dict:
+    """A `TorchTransformer(config)` state_dict -> the Flax params tree (the content of variables['params']).
+
+    Arrays are jax arrays with the torch dtypes. Raises ConversionError naming every missing or unexpected
+    key, or the first one with a wrong shape.
+    """
+    import jax.numpy as jnp
+
+    entries = parameter_map(config)
+    _check_names("torch", set(state_dict), {entry.torch_key for entry in entries})
+    flat = {}
+    for entry in entries:
+        tensor = state_dict[entry.torch_key]
+        _check_shape("torch", entry.torch_key, tuple(tensor.shape), entry.torch_shape, ", ".join(entry.flax_paths))
+        for path, array in zip(entry.flax_paths, entry.to_flax(_torch_to_numpy(tensor))):
+            flat[tuple(path.split("/"))] = jnp.asarray(np.ascontiguousarray(array))
+    return traverse_util.unflatten_dict(flat)
+
+
+def export_torch_state_dict(params: Any, config: ModelConfig, path: str | os.PathLike) -> None:
+    """Writes `flax_to_torch_state_dict(params, config)` with torch.save: a plain state_dict, loadable by
+    `TorchTransformer(config).load_state_dict(torch.load(path, weights_only=True))`."""
+    state_dict = flax_to_torch_state_dict(params, config)
+    directory = os.path.dirname(os.fspath(path))
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    torch.save(state_dict, path)
+
+
+def import_torch_state_dict(path: str | os.PathLike, config: ModelConfig) -> dict:
+    """Reads a state_dict written by torch.save (weights_only=True: no code runs) -> Flax params tree.
+
+    Accepts a bare state_dict or a dict holding one under 'state_dict' (a common training checkpoint).
+    """
+    loaded = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(loaded, Mapping) and "state_dict" in loaded and isinstance(loaded["state_dict"], Mapping):
+        loaded = loaded["state_dict"]
+    if not isinstance(loaded, Mapping):
+        raise ConversionError(f"{os.fspath(path)} holds a {type(loaded).__name__}, not a state_dict.")
+    return torch_to_flax_params(loaded, config)

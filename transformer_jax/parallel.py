@@ -1,0 +1,251 @@
+"""Device mesh, logical-axis rules and NamedShardings for `jax.jit` over a Mesh.
+
+Model parameters carry logical axis names ('vocab', 'embed', 'heads', 'kv', 'mlp', see layers/init.py);
+batches use 'batch' and 'length'. A rule table maps each logical name to mesh axes (or None = replicated),
+and every sharding in the training step is derived from it, so a new parallelism scheme is a new table:
+
+    mesh axes: ('data', 'fsdp', 'tensor')     default: one device, all sizes 1
+
+Rule tables: DEFAULT_RULES (data parallel), FSDP_RULES, TENSOR_RULES, FSDP_TENSOR_RULES (`make_rules`,
+`rules_for_mesh`, `rules_from_config`); decode-cache shardings: `decode_cache_shardings`. The pmap step lives in
+train/pmap_step.py, multi-host start-up and process-local batches in distributed.py (docs/SCALING.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+Rules = Sequence[tuple[str, Any]]
+
+# Data parallel only: every parameter replicated, the batch split over ('data', 'fsdp').
+DEFAULT_RULES: Rules = (
+    ("batch", ("data", "fsdp")),
+    ("length", None),
+    ("vocab", None),
+    ("embed", None),
+    ("heads", None),
+    ("kv", None),
+    ("mlp", None),
+)
+
+
+def make_mesh(shape: Mapping[str, int] | None = None, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """Mesh with axes MESH_AXES. `shape` maps axis -> size; one size may be -1 (= the remaining devices).
+
+    Default: {'data': -1, 'fsdp': 1, 'tensor': 1}, i.e. all devices data parallel (one device on a CPU).
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    shape = dict({"data": -1, "fsdp": 1, "tensor": 1}, **(shape or {}))
+    unknown = set(shape) - set(MESH_AXES)
+    if unknown:
+        raise ValueError(f"mesh axes {sorted(unknown)} are unknown; the mesh axes are {MESH_AXES}.")
+    sizes = [int(shape[axis]) for axis in MESH_AXES]
+    if sizes.count(-1) > 1:
+        raise ValueError(f"mesh shape {shape}: at most one axis may be -1.")
+    known = int(np.prod([size for size in sizes if size != -1]))
+    if -1 in sizes:
+        if len(devices) % known:
+            raise ValueError(f"mesh shape {shape} does not divide the {len(devices)} devices.")
+        sizes[sizes.index(-1)] = len(devices) // known
+    if int(np.prod(sizes)) != len(devices):
+        raise ValueError(
+            f"mesh shape {dict(zip(MESH_AXES, sizes))} needs {int(np.prod(sizes))} devices, "
+            f"but {len(devices)} are visible; set the sizes so their product is {len(devices)} (or use -1)."
+        )
+    return Mesh(np.asarray(devices).reshape(sizes), MESH_AXES)
+
+
+def logical_sharding(mesh: Mesh, logical_axes: Sequence[str | None], rules: Rules = DEFAULT_RULES) -> NamedSharding:
+    """NamedSharding of one array whose dimensions have the given logical names."""
+    return NamedSharding(mesh, nn.logical_to_mesh_axes(tuple(logical_axes), rules))
+
+
+def tree_shardings(boxed_tree: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Any:
+    """NamedShardings for a tree whose leaves may be `nn.LogicallyPartitioned` boxes (e.g. from eval_shape).
+
+    Unboxed leaves (step counters, rng keys, Adam's count) are replicated.
+    """
+    logical_specs = nn.get_partition_spec(boxed_tree)
+    return nn.logical_to_mesh_sharding(logical_specs, mesh, rules)
+
+
+def batch_sharding(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> NamedSharding:
+    """Sharding of every [batch, length] array of a batch: split on the first axis ('batch')."""
+    return logical_sharding(mesh, ("batch", "length"), rules)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def shard_batch(batch: Mapping[str, np.ndarray], mesh: Mesh, rules: Rules = DEFAULT_RULES) -> dict:
+    """Places a host batch on the mesh (single host). Checks that the batch divides the batch axes."""
+    sharding = batch_sharding(mesh, rules)
+    return {name: jax.device_put(np.asarray(value), sharding) for name, value in batch.items()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# FSDP and tensor-parallel rule tables, rules chosen from the mesh / config, decode-cache shardings (issue #6).
+#
+# Rules are applied in order (flax `logical_to_mesh_axes`): a logical axis takes the first rule whose mesh axes are
+# not already used by another dimension of the same array, so later rules act as fallbacks. Every parameter of the
+# model has an 'embed' (d_model) dimension except the FFN's first bias ['mlp'] and the attention biases
+# ['heads', 'kv'] (off by default), so sharding 'embed' over 'fsdp' splits about 1/fsdp of the parameter bytes.
+#
+#   parameter            logical axes              FSDP          tensor (Megatron)      FSDP + tensor
+#   embedding            [vocab, embed]            [-, fsdp]     [tensor, -]            [tensor, fsdp]
+#   query/key/value      [embed, heads, kv]        [fsdp, -, -]  [-, tensor, -]         [fsdp, tensor, -]
+#   attention out        [heads, kv, embed]        [-, -, fsdp]  [tensor, -, -]         [tensor, -, fsdp]
+#   ffn wi / wo          [embed, mlp] / [mlp, embed]  embed->fsdp  mlp->tensor            both
+#   ffn bias_i           [mlp]                     [fsdp]        [tensor]               [tensor]
+#   LayerNorm, biases    [embed]                   [fsdp]        [-]                    [fsdp]
+#
+# Tensor parallelism follows Megatron-LM: column-parallel Q/K/V and FFN-in (heads / mlp split), row-parallel
+# attention-out and FFN-out, one all-reduce after each; the shared embedding / softmax projection is split along
+# the vocabulary. XLA's SPMD partitioner inserts the collectives from these parameter shardings.
+# ---------------------------------------------------------------------------------------------------------------
+
+PARAM_AXES = ("vocab", "embed", "heads", "kv", "mlp")
+PARALLEL_MODES = ("jit", "pmap")
+
+
+def make_rules(fsdp: bool = False, tensor: bool = False) -> Rules:
+    """Rule table for data parallelism plus, optionally, FSDP (ZeRO-3 style) and Megatron tensor parallelism.
+
+    The batch is always split over ('data', 'fsdp') and replicated over 'tensor'. Optimizer moments follow the
+    parameters (they inherit the parameters' logical boxes), so FSDP shards them too.
+    """
+    rules: list[tuple[str, Any]] = [("batch", ("data", "fsdp")), ("length", None)]
+    if tensor:
+        rules += [("vocab", "tensor"), ("heads", "tensor"), ("mlp", "tensor")]
+    if fsdp:
+        rules += [("embed", "fsdp"), ("mlp", "fsdp"), ("vocab", "fsdp")]  # 'mlp', 'vocab': vectors w/o 'embed'
+    rules += [(name, None) for name in PARAM_AXES]  # whatever is left is replicated
+    return tuple(rules)
+
+
+FSDP_RULES: Rules = make_rules(fsdp=True)
+TENSOR_RULES: Rules = make_rules(tensor=True)
+FSDP_TENSOR_RULES: Rules = make_rules(fsdp=True, tensor=True)
+RULE_TABLES: dict[str, Rules] = {
+    "dp": DEFAULT_RULES, "fsdp": FSDP_RULES, "tensor": TENSOR_RULES, "fsdp_tensor": FSDP_TENSOR_RULES,
+}
+
+
+def rules_for_mesh(mesh: Mesh) -> Rules:
+    """The table that uses every mesh axis of size > 1: FSDP when fsdp > 1, tensor rules when tensor > 1."""
+    return make_rules(fsdp=mesh.shape["fsdp"] > 1, tensor=mesh.shape["tensor"] > 1)
+
+
+def _get(section: Any, name: str, default: Any) -> Any:
+    """Field of a config section that may be a dict, an ml_collections.ConfigDict or any object (or None)."""
+    if section is None:
+        return default
+    if isinstance(section, Mapping) or hasattr(section, "keys"):
+        return section[name] if name in section.keys() else default
+    return getattr(section, name, default)
+
+
+def rules_from_config(mesh_cfg: Any, mesh: Mesh) -> Rules:
+    """Rules named by `mesh_cfg.rules` ('auto' (default) | 'dp' | 'fsdp' | 'tensor' | 'fsdp_tensor').
+
+    'auto' = `rules_for_mesh(mesh)`. A named table must fit the mesh: 'dp' on a mesh with fsdp > 1 would silently
+    replicate what the user asked to shard, so it is an error.
+    """
+    name = _get(mesh_cfg, "rules", "auto") or "auto"
+    if name == "auto":
+        return rules_for_mesh(mesh)
+    if name not in RULE_TABLES:
+        raise ValueError(f"mesh.rules={name!r} is unknown; use 'auto' or one of {sorted(RULE_TABLES)}.")
+    needs_fsdp, needs_tensor = "fsdp" in name, "tensor" in name
+    for axis, wanted in (("fsdp", needs_fsdp), ("tensor", needs_tensor)):
+        if (mesh.shape[axis] > 1) != wanted:
+            raise ValueError(
+                f"mesh.rules={name!r} does not fit the mesh {dict(mesh.shape)}: the {axis!r} axis has size "
+                f"{mesh.shape[axis]}; use mesh.rules='auto' or set mesh.{axis} "
+                f"{'> 1' if wanted else '= 1'}."
+            )
+    return RULE_TABLES[name]
+
+
+def parallel_mode(mesh_cfg: Any) -> str:
+    """`mesh_cfg.mode`: 'jit' (default; jax.jit over the Mesh) or 'pmap' (classic replicated data parallelism)."""
+    mode = _get(mesh_cfg, "mode", "jit") or "jit"
+    if mode not in PARALLEL_MODES:
+        raise ValueError(f"mesh.mode={mode!r} is unknown; use one of {PARALLEL_MODES}.")
+    if mode == "pmap":
+        sizes = {axis: _get(mesh_cfg, axis, 1) for axis in ("fsdp", "tensor")}
+        if any(size not in (1, None) for size in sizes.values()):
+            raise ValueError(f"mesh.mode='pmap' is data parallel only, but the mesh asks for {sizes}; "
+                             f"use mesh.mode='jit' for FSDP / tensor parallelism.")
+    return mode
+
+
+def logical_axis_sizes(model_cfg: Any) -> dict[str, int]:
+    """Size of every parameter logical axis of a ModelConfig."""
+    return {"vocab": model_cfg.vocab_size, "embed": model_cfg.d_model, "heads": model_cfg.num_heads,
+            "kv": model_cfg.head_dim, "mlp": model_cfg.d_ff}
+
+
+def check_model_fits_mesh(model_cfg: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> None:
+    """Raises ValueError naming every model dimension that the mesh axes it is sharded over do not divide."""
+    problems = []
+    for name, size in logical_axis_sizes(model_cfg).items():
+        spec = nn.logical_to_mesh_axes((name,), rules)[0]
+        axes = () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
+        shards = int(np.prod([mesh.shape[axis] for axis in axes])) if axes else 1
+        if size % shards:
+            problems.append(f"'{name}' (size {size}) is split over mesh axes {axes} of total size {shards}")
+    if problems:
+        raise ValueError(
+            "the model does not divide over the mesh " f"{dict(mesh.shape)}: " + "; ".join(problems) +
+            ". Choose mesh sizes that divide these dimensions (e.g. tensor | num_heads, d_ff and vocab_size; "
+            "fsdp | d_model and d_ff) or round vocab_size up to a multiple of them."
+        )
+
+
+# Decode cache leaves (layers/attention.py, model.py): keys/values [batch, length, heads, head_dim]; the cache
+# index and decoder position are scalars.
+CACHE_KV_AXES = ("batch", "length", "heads", "kv")
+
+
+def decode_cache_shardings(cache: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Any:
+    """NamedShardings for a decode cache (arrays or ShapeDtypeStructs), derived from the rules like the training
+    shardings: split along 'batch' (data x fsdp), scalars (cache index, position) replicated.
+
+    Keys/values [batch (x beams), length, heads, head_dim] take ('batch', 'length', 'heads', 'kv'), so under the
+    tensor rules their heads are split too, matching the Q/K/V projections; other arrays split dimension 0 along
+    'batch'. A dimension that its mesh axes do not divide (e.g. a decode batch smaller than data x fsdp) is
+    replicated instead, as in decoding/cache.py.
+    """
+
+    def sharding(leaf):
+        shape = tuple(leaf.shape)
+        if not shape:
+            return replicated(mesh)
+        axes = CACHE_KV_AXES if len(shape) == 4 else ("batch",) + (None,) * (len(shape) - 1)
+        spec = []
+        for size, entry in zip(shape, nn.logical_to_mesh_axes(axes, rules)):
+            names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+            shards = int(np.prod([mesh.shape[name] for name in names])) if names else 1
+            spec.append(entry if size % shards == 0 else None)
+        return NamedSharding(mesh, PartitionSpec(*spec))
+
+    return jax.tree.map(sharding, cache)
+
+
+def per_device_bytes(tree: Any) -> dict[str, int]:
+    """{str(device): bytes of the tree's shards held on that device}, from each array's `addressable_shards`."""
+    totals: dict[str, int] = {}
+    for leaf in jax.tree.leaves(tree):
+        for shard in getattr(leaf, "addressable_shards", ()):
+            key = str(shard.device)
+            totals[key] = totals.get(key, 0) + int(shard.data.size) * shard.data.dtype.itemsize
+    return totals

@@ -1,0 +1,41 @@
+"""Adam with the warm-up / inverse-square-root learning rate of the paper (§5.3), plus optional clipping.
+
+    lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)
+
+`step` counts optimizer updates from 1: the first update uses step = 1. optax passes the number of updates
+already applied (`count`, 0 for the first), so the schedule evaluates the formula at count + 1.
+Gradient accumulation is done explicitly in `train/step.py` (it sums token-weighted gradients, so k
+micro-batches equal one batch of their concatenation exactly); this module only sees whole updates.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import optax
+
+
+def transformer_schedule(d_model: int, warmup_steps: int = 4000, scale: float = 1.0) -> optax.Schedule:
+    """§5.3 schedule as an optax schedule of the update count (0-based count -> 1-based step)."""
+    if warmup_steps <= 0:
+        raise ValueError(f"warmup_steps={warmup_steps} must be positive.")
+
+    def schedule(count):
+        step = jnp.asarray(count, jnp.float32) + 1.0
+        return scale * d_model ** -0.5 * jnp.minimum(step ** -0.5, step * warmup_steps ** -1.5)
+
+    return schedule
+
+
+def make_optimizer(train_cfg: Any, d_model: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """Optax chain from the `train` config section: [clip_by_global_norm] -> Adam(schedule).
+
+    Uses train_cfg.{warmup_steps, lr_scale, adam_b1, adam_b2, adam_eps, clip_grad_norm}; clip <= 0 disables.
+    """
+    schedule = transformer_schedule(d_model, train_cfg.warmup_steps, train_cfg.lr_scale)
+    parts = []
+    if train_cfg.clip_grad_norm and train_cfg.clip_grad_norm > 0:
+        parts.append(optax.clip_by_global_norm(train_cfg.clip_grad_norm))
+    parts.append(optax.adam(schedule, b1=train_cfg.adam_b1, b2=train_cfg.adam_b2, eps=train_cfg.adam_eps))
+    return optax.chain(*parts), schedule
