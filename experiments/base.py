@@ -6,7 +6,7 @@ The paper trained on 8 P100 GPUs (12 hours). On fewer devices keep the global ba
 --config.train.accum_steps=K --config.data.tokens_per_batch=$((25000 / K)).
 """
 
-from transformer_jax.train.loop import default_config, model_section
+from transformer_jax.experiment import default_config, model_section
 
 
 def get_config():

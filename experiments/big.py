@@ -3,7 +3,7 @@
     transformer-jax train --config experiments/big.py --workdir runs/big --config.data.path=$TFDS_DATA_DIR
 """
 
-from transformer_jax.train.loop import default_config, model_section
+from transformer_jax.experiment import default_config, model_section
 
 
 def get_config():

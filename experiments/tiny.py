@@ -3,7 +3,7 @@
     transformer-jax train --config experiments/tiny.py --workdir runs/tiny
 """
 
-from transformer_jax.train.loop import default_config, model_section
+from transformer_jax.experiment import default_config, model_section
 
 
 def get_config():
@@ -24,5 +24,7 @@ def get_config():
     config.train.log_every = 10
     config.train.eval_every = 100
     config.train.checkpoint_every = 100
+    config.train.bleu_every = 500  # greedy BLEU of 500 validation pairs
+    config.train.final_bleu = "beam"  # the whole validation split, beam 4, alpha 0.6 (§6.1)
     config.train.keep_checkpoints = 3
     return config

@@ -5,10 +5,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import PartitionSpec
 
 from transformer_jax import config as config_lib
-from transformer_jax.decoding import (DecodeConfig, cache_shardings, constrain_cache, gather_beams, greedy_decode,
+from transformer_jax import parallel
+from transformer_jax.decoding import (DecodeConfig, constrain_cache, gather_beams, greedy_decode,
                                       greedy_search, init_cache, reorder_cache, transformer_step_fn)
 from transformer_jax.decoding.config import per_sentence_limits, resolve_max_decode_len
 from transformer_jax.model import Transformer
@@ -131,15 +132,15 @@ def test_reorder_cache_moves_hypotheses_and_leaves_source_and_scalars(compiled):
     np.testing.assert_array_equal(gather_beams(x, indices, one_hot=True), gather_beams(x, indices))
 
 
-def test_cache_shardings_split_the_batch_axis(compiled):
-    mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+def test_cache_is_sharded_along_the_batch_like_the_activations(compiled):
+    mesh = parallel.make_mesh()
     cache = compiled["cache"]
-    shardings = cache_shardings(cache, mesh)
+    shardings = parallel.decode_cache_shardings(cache, mesh)
     layer = shardings["decoder"]["layer_0"]
-    assert layer["self_attention"]["cached_key"] == NamedSharding(mesh, PartitionSpec("data"))
-    assert layer["cross_attention"]["memory_key"] == NamedSharding(mesh, PartitionSpec("data"))
-    assert layer["self_attention"]["cache_index"] == NamedSharding(mesh, PartitionSpec())
-    assert shardings["decoder"]["position"] == NamedSharding(mesh, PartitionSpec())
+    assert layer["self_attention"]["cached_key"].spec == PartitionSpec(("data", "fsdp"), None, None, None)
+    assert layer["cross_attention"]["memory_key"].spec == PartitionSpec(("data", "fsdp"), None, None, None)
+    assert layer["self_attention"]["cache_index"].spec == PartitionSpec()
+    assert shardings["decoder"]["position"].spec == PartitionSpec()
     constrained = jax.jit(lambda c: constrain_cache(c, mesh))(cache)
     np.testing.assert_array_equal(constrained["decoder"]["layer_0"]["self_attention"]["cached_key"],
                                   cache["decoder"]["layer_0"]["self_attention"]["cached_key"])

@@ -4,6 +4,7 @@ Oracle: the same training (same global batches, same initial state) in one proce
 run stops after update 2 (orbax checkpoint written by both processes), both processes are restarted and resume to
 update 4; losses of all four updates and the final parameters must match the single process (1e-5, float32).
 The worker is tests/helpers/multihost_worker.py; each process reads only its own rows of every global batch.
+The same stop / restart, through the real runner (train.loop.train, --loop), must log the single process's metrics.
 """
 
 from __future__ import annotations
@@ -135,6 +136,42 @@ def test_restart_resumes_and_ends_with_the_same_parameters(runs):
 def test_parameters_are_split_across_processes(runs):
     for report in runs["second"]:
         assert report["local_param_bytes"] * 2 == report["total_param_bytes"]  # fsdp over all 4 devices
+
+
+def loop_pair(name: str, root: Path, stop_at: int) -> list[Launch]:
+    port = free_port()
+    return [Launch(f"{name}{i}", ["--loop", "--process-id", str(i), "--num-processes", "2", "--coordinator",
+                                  f"127.0.0.1:{port}", "--timeout", "120", "--workdir", str(root / "run"),
+                                  "--stop-at", str(stop_at), "--out", str(root / f"{name}{i}.json"),
+                                  "--cache-dir", str(root / "xla_cache")], root)
+            for i in range(2)]
+
+
+@pytest.mark.slow
+def test_the_training_loop_on_two_processes_resumes_and_logs_like_one(tmp_path):
+    """train.loop.train end to end (distributed start-up from the config, tokenizer trained by process 0, each
+    process's rows of train and validation batches, BLEU, process-0-only logs): stopped after update 2 and resumed
+    to 4 on two processes, it logs the losses and BLEU of one process with the same four devices."""
+    reference = Launch("loop_reference", ["--loop", "--num-processes", "1", "--devices", "4", "--workdir",
+                                          str(tmp_path / "ref"), "--stop-at", "4"], tmp_path)
+    wait_ok([reference, *loop_pair("loop_first", tmp_path, stop_at=2)])
+    wait_ok(loop_pair("loop_second", tmp_path, stop_at=4))
+    for i in range(2):
+        report = json.loads((tmp_path / f"loop_second{i}.json").read_text())
+        assert report["info"]["process_count"] == 2 and report["summary"]["start_step"] == 2
+        assert report["summary"]["step"] == 4
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    assert len({(row["kind"], row["step"]) for row in rows}) == len(rows)  # written once: by process 0 only
+    expected = {(row["kind"], row["step"]): row
+                for row in map(json.loads, (tmp_path / "ref" / "metrics.jsonl").read_text().splitlines())}
+    assert sorted(expected) == sorted((row["kind"], row["step"]) for row in rows)
+    assert sorted(step for kind, step in expected if kind == "train") == [1, 2, 3, 4]
+    for row in rows:
+        for key in ("loss", "nll", "accuracy", "bleu", "chrf"):
+            if key in row:
+                np.testing.assert_allclose(row[key], expected[row["kind"], row["step"]][key], rtol=1e-5, atol=1e-6,
+                                           err_msg=f"{row['kind']} {row['step']} {key}")
 
 
 def test_bad_launches_fail_with_a_clear_message_in_bounded_time(tmp_path):

@@ -1,6 +1,6 @@
-"""The runner through its real pieces: builtin corpus, SentencePiece, orbax checkpoints, TensorBoard, PNG.
+"""The runner through its real pieces: builtin corpus, SentencePiece, orbax checkpoints, TensorBoard, PNG, BLEU.
 
-All runs here share one small model, so the jitted functions compile once per process.
+Most runs here share one small model, so the jitted functions compile once per process.
 """
 
 import json
@@ -14,20 +14,16 @@ import pytest
 from transformer_jax import cli
 from transformer_jax.checkpoint import CheckpointMismatchError, load_model_for_inference
 from transformer_jax.train import loop
+from transformer_jax.train.progress import read_metrics
+
+from conftest import SMALL_CORPUS, tiny_run_overrides
 
 STEPS = 6
-SMALL_CORPUS = {"train": 1500, "validation": 40, "test": 10}
-MODEL_OVERRIDES = dict(d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1, num_decoder_layers=1, max_len=32)
+NO_BLEU = {"train.bleu_every": 0, "train.final_bleu": "none"}  # decoding is tested on its own below
 
 
 def overrides(steps=STEPS, **changes):
-    """--config.* overrides of experiments/tiny.py that make a run take seconds."""
-    values = {"train.steps": steps, "train.warmup_steps": 4, "train.log_every": 1, "train.eval_every": 3,
-              "train.checkpoint_every": 3, "train.progress": False, "train.fast_compile": True, "data.vocab_size": 200, "data.max_len": 32,
-              "data.tokens_per_batch": 256, "data.bucket_boundaries": (32,), "data.eval_batch_size": 16,
-              "data.max_eval_batches": 2, "data.options.split_sizes": SMALL_CORPUS,
-              **{f"model.{key}": value for key, value in MODEL_OVERRIDES.items()}, **changes}
-    return [(key, repr(value) if not isinstance(value, str) else value) for key, value in values.items()]
+    return tiny_run_overrides(steps, **{**NO_BLEU, **changes})
 
 
 def small_config(steps=STEPS, **changes):
@@ -35,7 +31,7 @@ def small_config(steps=STEPS, **changes):
 
 
 def train_losses(workdir):
-    return {row["step"]: row["loss"] for row in loop.read_metrics(workdir) if row["kind"] == "train"}
+    return {row["step"]: row["loss"] for row in read_metrics(workdir) if row["kind"] == "train"}
 
 
 def snapshot(directory: Path) -> dict:
@@ -65,14 +61,16 @@ def test_uninterrupted_run_learns_and_writes_everything(uninterrupted):
 
 def test_stopped_by_sigterm_and_resumed_gives_the_same_losses(uninterrupted, tmp_path):
     reference = train_losses(uninterrupted[0])
-    stop_at = 2  # not a checkpoint interval: the SIGTERM handler must save one
+    signal_at = 4  # neither it nor the next update is a checkpoint interval: the SIGTERM handler must save one
 
     def send_sigterm(update, metrics):
-        if update == stop_at:
+        if update == signal_at:
             os.kill(os.getpid(), signal.SIGTERM)
 
     first = loop.train(small_config(), tmp_path, on_update=send_sigterm)
-    assert first["interrupted"] == "SIGTERM" and first["step"] == stop_at
+    # on_update runs once an update has finished; the loop has dispatched at most one more (MAX_IN_FLIGHT = 2).
+    assert first["interrupted"] == "SIGTERM" and signal_at <= first["step"] <= signal_at + loop.MAX_IN_FLIGHT - 1
+    stop_at = first["step"]
     assert (tmp_path / "checkpoints" / str(stop_at)).is_dir()
     second = loop.train(small_config(), tmp_path)
     assert second["start_step"] == stop_at and second["interrupted"] is None
@@ -127,6 +125,10 @@ def test_cli_end_to_end(tmp_path, capsys):
     (["--config.model.num_heads=3"], "not divisible by num_heads=3"),
     (["--config.data.source=multi30k"], "--config.data.path"),
     (["--config.data.source=multi30k", "--config.data.path=/nonexistent"], "not a directory"),
+    (["--config.train.final_bleu=sampled"], "train.final_bleu='sampled' is unknown"),
+    (["--config.mesh.mode=spmd"], "mesh.mode='spmd' is unknown"),
+    (["--config.mesh.rules=zero3"], "mesh.rules='zero3' is unknown"),
+    (["--config.decode.beam_size=0"], "beam_size must be a positive integer"),
 ])
 def test_bad_config_fails_before_any_work(tmp_path, capsys, argv, expected):
     workdir = tmp_path / "run"
@@ -134,3 +136,38 @@ def test_bad_config_fails_before_any_work(tmp_path, capsys, argv, expected):
     assert code == 2
     assert expected in capsys.readouterr().err
     assert not workdir.exists()
+
+
+def test_pmap_mode_gives_the_losses_of_jit_mode(tmp_path):
+    # Dropout off: the two modes draw different masks (train/pmap_step.py); everything else is the same arithmetic.
+    changes = {"model.dropout_rate": 0.0}
+    jit_summary = loop.train(small_config(3, **changes), tmp_path / "jit")
+    pmap_summary = loop.train(small_config(3, **changes, **{"mesh.mode": "pmap"}), tmp_path / "pmap")
+    jit_losses, pmap_losses = train_losses(tmp_path / "jit"), train_losses(tmp_path / "pmap")
+    assert sorted(pmap_losses) == [1, 2, 3]
+    for step, loss in jit_losses.items():
+        assert pmap_losses[step] == pytest.approx(loss, rel=1e-5), step
+    assert pmap_summary["eval"]["loss"] == pytest.approx(jit_summary["eval"]["loss"], rel=1e-5)
+    assert (tmp_path / "pmap" / "checkpoints" / "3").is_dir()  # saved through runner.host_state
+
+
+def test_validation_bleu_is_logged_and_equals_a_recomputation_with_the_saved_params(tmp_path):
+    from transformer_jax.evaluation import evaluate_pairs
+    from transformer_jax.experiment import decode_config, make_source_from_config
+    from transformer_jax.translate import Translator
+
+    config = small_config(3, **{"train.bleu_every": 3, "train.bleu_max_sentences": 8, "train.final_bleu": "greedy"})
+    summary = loop.train(config, tmp_path)
+    rows = {row["kind"]: row for row in read_metrics(tmp_path) if row["kind"] in ("bleu", "final_bleu")}
+    assert rows["bleu"]["step"] == rows["final_bleu"]["step"] == 3
+    assert rows["bleu"]["sentences"] == 8 and rows["final_bleu"]["sentences"] == SMALL_CORPUS["validation"]
+    pairs = list(make_source_from_config(config.data).pairs("validation"))
+    model_cfg, params, tokenizer = load_model_for_inference(tmp_path)  # the checkpoint of update 3
+    translator = Translator(model_cfg, params, tokenizer, decode_config=decode_config(config), method="greedy")
+    for kind, subset in (("bleu", pairs[:8]), ("final_bleu", pairs)):
+        scores = evaluate_pairs(translator, subset).scores
+        row = rows[kind]
+        assert 0.0 <= row["bleu"] <= 100.0 and 0.0 < row["chrf"] <= 100.0, row
+        assert (row["bleu"], row["chrf"], row["bleu_lowercase"]) == pytest.approx(
+            (scores.bleu, scores.chrf, scores.bleu_lowercase), abs=1e-9), kind
+    assert summary["final_bleu"]["chrf"] == rows["final_bleu"]["chrf"]

@@ -5,6 +5,8 @@ Layout of a workdir:
     {workdir}/config.json          resolved experiment config (model section complete: vocab and special ids)
     {workdir}/spm.model            the SentencePiece model (data/tokenizer.py)
     {workdir}/checkpoints/{step}/  state/ (TrainState: params, opt_state, step, rng, ...), data/ (iterator JSON)
+    {workdir}/averaged/            params averaged over the last N checkpoints (`transformer-jax average`)
+    {workdir}/imported/            params loaded from a torch state_dict (`transformer-jax import-torch`)
 
 Saves are asynchronous (orbax writes in a background thread while training continues); the last `keep`
 checkpoints are kept. Before anything is restored or overwritten, `check_compatible` compares the shapes of
@@ -27,6 +29,8 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = "checkpoints"
 CONFIG_FILENAME = "config.json"
+# Parameter sets stored beside the training checkpoints, selected by name instead of a step.
+NAMED_PARAMS = ("averaged", "imported")
 
 
 class CheckpointMismatchError(ValueError):
@@ -129,11 +133,15 @@ class Checkpointer:
         self.manager.close()
 
 
-def save_config(workdir: str | Path, config: dict) -> None:
-    path = Path(workdir) / CONFIG_FILENAME
+def save_json(path: Path, value: dict) -> None:
+    """Writes JSON atomically (a temporary file renamed over the old one)."""
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(config, indent=2, sort_keys=True, default=str))
+    tmp.write_text(json.dumps(value, indent=2, sort_keys=True, default=str))
     tmp.replace(path)
+
+
+def save_config(workdir: str | Path, config: dict) -> None:
+    save_json(Path(workdir) / CONFIG_FILENAME, config)
 
 
 def load_config(workdir: str | Path) -> dict:
@@ -152,8 +160,28 @@ def model_config_from_workdir(workdir: str | Path):
     return ModelConfig(**fields)
 
 
-def load_model_for_inference(workdir: str | Path, step: int | None = None):
-    """(ModelConfig, params, tokenizer) of the run in `workdir` at `step` (default: the latest checkpoint).
+def load_params(workdir: str | Path, checkpoint: int | str | None = None) -> Any:
+    """Parameters of a run: checkpoint None = the latest step, an int (or digits) = that step, or one of
+    NAMED_PARAMS ('averaged' from `transformer-jax average`, 'imported' from `import-torch`)."""
+    workdir = Path(workdir)
+    if checkpoint in NAMED_PARAMS:
+        return restore_named_params(workdir, checkpoint)
+    if isinstance(checkpoint, str) and not checkpoint.isdigit():
+        raise ValueError(f"checkpoint={checkpoint!r}: use a step number, one of {NAMED_PARAMS}, or nothing "
+                         f"for the latest.")
+    checkpointer = Checkpointer(workdir, keep=None, async_save=False)
+    try:
+        step = None if checkpoint is None else int(checkpoint)
+        if step is not None and step not in checkpointer.all_steps():
+            raise FileNotFoundError(f"No checkpoint at step {step} in {checkpointer.directory}; available steps: "
+                                    f"{checkpointer.all_steps()}.")
+        return checkpointer.restore_params(step)
+    finally:
+        checkpointer.close()
+
+
+def load_model_for_inference(workdir: str | Path, checkpoint: int | str | None = None):
+    """(ModelConfig, params, tokenizer) of the run in `workdir` (checkpoint as in `load_params`).
 
     params is a nested dict of arrays for `Transformer(model_config).apply({'params': params}, ...)`.
     """
@@ -161,12 +189,7 @@ def load_model_for_inference(workdir: str | Path, step: int | None = None):
 
     workdir = Path(workdir)
     model_config = model_config_from_workdir(workdir)
-    checkpointer = Checkpointer(workdir, keep=None, async_save=False)
-    try:
-        params = checkpointer.restore_params(step)
-    finally:
-        checkpointer.close()
-    params = jax.tree.map(lambda x: np.asarray(x) if not isinstance(x, jax.Array) else x, params)
+    params = load_params(workdir, checkpoint)
     tokenizer = Tokenizer.from_bytes((workdir / MODEL_FILENAME).read_bytes())
     return model_config, params, tokenizer
 
@@ -191,3 +214,24 @@ def average_params(workdir: str | Path, steps: list[int] | None = None, last: in
         return jax.tree.map(lambda x: (x / len(chosen)).astype(np.float32), total)
     finally:
         checkpointer.close()
+
+
+def save_named_params(workdir: str | Path, name: str, params: Any, steps: list[int]) -> Path:
+    """Writes a named parameter set (NAMED_PARAMS) to {workdir}/{name}, and {name}.json with the steps it
+    came from (none for imported parameters)."""
+    if name not in NAMED_PARAMS:
+        raise ValueError(f"name={name!r} is not one of {NAMED_PARAMS}.")
+    directory = Path(workdir).absolute() / name
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(directory, {"params": params}, force=True)
+    save_json(directory.with_suffix(".json"), {"steps": list(steps)})
+    return directory
+
+
+def restore_named_params(workdir: str | Path, name: str) -> Any:
+    directory = Path(workdir).absolute() / name
+    if not directory.is_dir():
+        command = "average" if name == "averaged" else "import-torch"
+        raise FileNotFoundError(f"{directory} not found: run `transformer-jax {command} --workdir {workdir}` first.")
+    with ocp.StandardCheckpointer() as checkpointer:
+        return checkpointer.restore(directory)["params"]

@@ -8,16 +8,19 @@ Adding a command:
         return run_translate                # run_translate(args) -> exit code (or None = 0)
 
 Config overrides (`--config.section.field=value`) are collected for every command that declares
-`--config` and applied with `transformer_jax.train.loop.apply_overrides` (unknown fields are errors).
+`--config` and applied with `transformer_jax.experiment.apply_overrides` (unknown fields are errors).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import re
 import sys
+import time
+from pathlib import Path
 from typing import Callable, Sequence
 
 Handler = Callable[[argparse.Namespace], "int | None"]
@@ -67,10 +70,10 @@ def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[tuple[str, str
 
 def load_experiment(path: str, overrides: Sequence[tuple[str, str]] = ()):
     """Experiment config from a file, completed with the defaults, with command-line overrides applied."""
-    from transformer_jax.train import loop
+    from transformer_jax import experiment
 
-    config = loop.complete_config(loop.load_config_file(path))
-    loop.apply_overrides(config, overrides)
+    config = experiment.complete_config(experiment.load_config_file(path))
+    experiment.apply_overrides(config, overrides)
     return config
 
 
@@ -87,6 +90,8 @@ def _train_command(parser: argparse.ArgumentParser) -> Handler:
 
 
 def _run_train(args: argparse.Namespace) -> int:
+    from transformer_jax.distributed import DistributedStartupError
+    from transformer_jax.experiment import ConfigError
     from transformer_jax.train import loop
 
     try:
@@ -95,19 +100,204 @@ def _run_train(args: argparse.Namespace) -> int:
             print(json.dumps(config.to_dict(), indent=2, default=list))
             return 0
         summary = loop.train(config, args.workdir)
-    except loop.ConfigError as error:
+    except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, ValueError) as error:
+    except (FileNotFoundError, ValueError, DistributedStartupError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     eval_metrics = summary.get("eval") or {}
     line = f"done: update {summary['step']}"
     if eval_metrics:
         line += f", validation NLL {eval_metrics['nll']:.4f} (perplexity {eval_metrics['perplexity']:.2f})"
+    if summary.get("final_bleu"):
+        line += f", validation BLEU {summary['final_bleu']['bleu']:.2f} ({config.train.final_bleu})"
     if summary.get("interrupted"):
         line += f"; stopped by {summary['interrupted']}, rerun the same command to resume"
     print(line + f"; workdir {args.workdir}")
+    return 0
+
+
+# ------------------------------------------------------------------------- translate / evaluate / average
+
+
+def _add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
+    from transformer_jax.decoding import DecodeConfig
+
+    paper = DecodeConfig()
+    parser.add_argument("--workdir", required=True, help="the --workdir of a `transformer-jax train` run")
+    parser.add_argument("--checkpoint", default=None,
+                        help="a step number, 'averaged' (see `average`), 'imported' (see `import-torch`), or nothing for the "
+                             "latest checkpoint")
+    parser.add_argument("--greedy", action="store_true", help="greedy decoding instead of beam search")
+    parser.add_argument("--beam-size", type=int, default=paper.beam_size, help="§6.1: 4")
+    parser.add_argument("--alpha", type=float, default=paper.alpha, help="length penalty, §6.1: 0.6")
+    parser.add_argument("--extra-length", type=int, default=paper.extra_length,
+                        help="output length limit = source length + this (§6.1: 50)")
+    parser.add_argument("--batch-size", type=int, default=32, help="sentences decoded together")
+
+
+def _translator(args: argparse.Namespace, **options):
+    from transformer_jax.decoding import DecodeConfig
+    from transformer_jax.translate import Translator
+
+    decode_config = DecodeConfig(beam_size=args.beam_size, alpha=args.alpha, extra_length=args.extra_length)
+    return Translator.from_workdir(args.workdir, args.checkpoint, decode_config=decode_config,
+                                   method="greedy" if args.greedy else "beam", batch_size=args.batch_size,
+                                   **options)
+
+
+@register("translate", help="Translate stdin to stdout, line by line, with a trained workdir.")
+def _translate_command(parser: argparse.ArgumentParser) -> Handler:
+    _add_decoding_arguments(parser)
+    parser.add_argument("--on-too-long", choices=("truncate", "error"), default="truncate",
+                        help="an input longer than the model's max_len: truncate with a warning, or stop")
+    parser.add_argument("--chunk-lines", type=int, default=1000, help="lines read before a chunk is decoded")
+    return _run_translate
+
+
+def _run_translate(args: argparse.Namespace) -> int:
+    from transformer_jax.translate import InputTooLongError
+
+    try:
+        translator = _translator(args, on_too_long=args.on_too_long)
+        for line in translator.translate_stream(sys.stdin, chunk_lines=args.chunk_lines, progress=True):
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+    except (FileNotFoundError, ValueError, InputTooLongError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+@register("evaluate", help="Translate a split (or a file) and score it with sacreBLEU (13a, cased) and chrF.")
+def _evaluate_command(parser: argparse.ArgumentParser) -> Handler:
+    _add_decoding_arguments(parser)
+    parser.add_argument("--split", default="test", help="split of the run's data source (train/validation/test)")
+    parser.add_argument("--source-file", help="score these source lines instead of a split (needs --reference-file)")
+    parser.add_argument("--reference-file", help="raw reference translations, one per line")
+    parser.add_argument("--samples", type=int, default=5, help="sample translations to print")
+    return _run_evaluate
+
+
+def _evaluation_pairs(args: argparse.Namespace) -> tuple[str, list[tuple[str, str]]]:
+    """(name, raw pairs): from --source-file/--reference-file, else the split of the run's own data source."""
+    from transformer_jax.data.local_files import read_lines
+
+    if bool(args.source_file) != bool(args.reference_file):
+        raise ValueError("--source-file and --reference-file go together.")
+    if args.source_file:
+        sources = list(read_lines(Path(args.source_file)))
+        references = list(read_lines(Path(args.reference_file)))
+        if len(sources) != len(references):
+            raise ValueError(f"{args.source_file} has {len(sources)} lines but {args.reference_file} has "
+                             f"{len(references)}; they must pair up line by line.")
+        return Path(args.source_file).stem, list(zip(sources, references))
+    from transformer_jax import checkpoint as ckpt
+    from transformer_jax.experiment import make_source_from_config
+
+    import ml_collections
+
+    data = ml_collections.ConfigDict(ckpt.load_config(args.workdir)["data"])
+    return args.split, list(make_source_from_config(data).pairs(args.split))
+
+
+def _run_evaluate(args: argparse.Namespace) -> int:
+    from transformer_jax.evaluation import evaluate_pairs
+
+    try:
+        name, pairs = _evaluation_pairs(args)
+        translator = _translator(args)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    method = "greedy" if args.greedy else f"beam{args.beam_size}-alpha{args.alpha}"
+    started = time.perf_counter()
+    evaluation = evaluate_pairs(translator, pairs, progress=True)
+    seconds = time.perf_counter() - started
+    label = f"{name}.{args.checkpoint or 'latest'}.{method}"
+    out_dir = Path(args.workdir) / "eval"
+    out_dir.mkdir(exist_ok=True)
+    (out_dir / f"{label}.txt").write_text("".join(line + "\n" for line in evaluation.hypotheses))
+    result = dict(dataclasses.asdict(evaluation.scores), split=name, checkpoint=args.checkpoint or "latest",
+                  method=method, seconds=seconds, sentences_per_sec=len(pairs) / seconds)
+    (out_dir / f"{label}.json").write_text(json.dumps(result, indent=2))
+    print(evaluation.samples(args.samples))
+    print(f"{name} ({args.checkpoint or 'latest'} checkpoint, {method}): {evaluation.scores.summary()}")
+    print(f"decoded {len(pairs)} sentences in {seconds:.1f} s ({len(pairs) / seconds:.1f} sentences/s); "
+          f"hypotheses and scores in {out_dir}/{label}.*")
+    return 0
+
+
+@register("average", help="Average the parameters of the last N checkpoints (paper §6.1: 5 for base, 20 for big).")
+def _average_command(parser: argparse.ArgumentParser) -> Handler:
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--last", type=int, default=5, help="how many of the latest checkpoints")
+    return _run_average
+
+
+def _run_average(args: argparse.Namespace) -> int:
+    from transformer_jax import checkpoint as ckpt
+
+    try:
+        checkpointer = ckpt.Checkpointer(args.workdir, keep=None, async_save=False)
+        steps = checkpointer.all_steps()[-args.last:]
+        checkpointer.close()
+        if len(steps) < args.last:
+            print(f"warning: only {len(steps)} checkpoints in {args.workdir}; averaging {steps}", file=sys.stderr)
+        params = ckpt.average_params(args.workdir, steps=steps)
+        directory = ckpt.save_named_params(args.workdir, "averaged", params, steps)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"averaged checkpoints {steps} into {directory}; use it with --checkpoint averaged")
+    return 0
+
+
+# --------------------------------------------------------------------------------- PyTorch interop
+
+
+@register("export-torch", help="Write a checkpoint's parameters as a torch state_dict file (needs torch).")
+def _export_torch_command(parser: argparse.ArgumentParser) -> Handler:
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--checkpoint", default=None, help="a step, 'averaged', or nothing for the latest")
+    parser.add_argument("--output", required=True, help="path of the .pt file to write")
+    return _run_export_torch
+
+
+def _run_export_torch(args: argparse.Namespace) -> int:
+    from transformer_jax import checkpoint as ckpt
+    from transformer_jax.interop import export_torch_state_dict
+
+    try:
+        model_config, params, _ = ckpt.load_model_for_inference(args.workdir, args.checkpoint)
+        export_torch_state_dict(params, model_config, args.output)
+    except (FileNotFoundError, ValueError, ImportError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.output}: load it into transformer_jax.interop.torch.TorchTransformer(config)")
+    return 0
+
+
+@register("import-torch", help="Load a torch state_dict file as an extra checkpoint step of a workdir.")
+def _import_torch_command(parser: argparse.ArgumentParser) -> Handler:
+    parser.add_argument("--workdir", required=True, help="a workdir whose config.json describes the model")
+    parser.add_argument("--input", required=True, help="the .pt state_dict file")
+    return _run_import_torch
+
+
+def _run_import_torch(args: argparse.Namespace) -> int:
+    from transformer_jax import checkpoint as ckpt
+    from transformer_jax.interop import import_torch_state_dict
+
+    try:
+        model_config = ckpt.model_config_from_workdir(args.workdir)
+        params = import_torch_state_dict(args.input, model_config)
+        directory = ckpt.save_named_params(args.workdir, "imported", params, steps=[])
+    except (FileNotFoundError, ValueError, ImportError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"imported {args.input} into {directory}; use it with --checkpoint imported")
     return 0
 
 

@@ -4,6 +4,7 @@
     mesh = parallel.make_mesh(dict(config.mesh))          # over jax.devices(): every process's devices
     shard_index, shard_count = distributed.data_shard(mesh, rules)   # -> TrainBatches(shard_index=, shard_count=)
     batch = distributed.global_batch(local_batch, mesh, rules)      # process-local rows -> global jax.Arrays
+    rows = distributed.local_rows(eval_batch, shard_index, shard_count)  # own rows of a batch all processes hold
 
 Settings come from the config section (any of dict / ml_collections.ConfigDict / DistributedConfig), then from
 the environment, then from JAX's cluster auto-detection (Cloud TPU pods, SLURM, Open MPI, ...):
@@ -359,11 +360,24 @@ def data_shard(mesh: Mesh, rules: parallel.Rules = parallel.DEFAULT_RULES) -> tu
     return rows[0] // len(rows), count
 
 
+def local_rows(batch: Mapping[str, np.ndarray], shard_index: int, shard_count: int) -> dict:
+    """Rows [index * rows / count, (index + 1) * rows / count) of a batch that every process holds whole (e.g. a
+    validation batch): this process's part of it, for `global_batch`."""
+    out = {}
+    for name, value in batch.items():
+        rows = value.shape[0]
+        if rows % shard_count:
+            raise ValueError(f"batch[{name!r}] has {rows} rows, not a multiple of the {shard_count} data shards.")
+        size = rows // shard_count
+        out[name] = value[shard_index * size:(shard_index + 1) * size]
+    return out
+
+
 def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh,
                  rules: parallel.Rules = parallel.DEFAULT_RULES) -> dict:
     """This process's rows (from `data_shard`) -> global jax.Arrays sharded over the batch axes.
 
-    On one process this equals `parallel.shard_batch`. Every process must call it with the same shapes.
+    Every process must call it with the same shapes.
     """
     sharding = parallel.batch_sharding(mesh, rules)
     out = {}

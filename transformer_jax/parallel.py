@@ -85,12 +85,6 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
-def shard_batch(batch: Mapping[str, np.ndarray], mesh: Mesh, rules: Rules = DEFAULT_RULES) -> dict:
-    """Places a host batch on the mesh (single host). Checks that the batch divides the batch axes."""
-    sharding = batch_sharding(mesh, rules)
-    return {name: jax.device_put(np.asarray(value), sharding) for name, value in batch.items()}
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # FSDP and tensor-parallel rule tables, rules chosen from the mesh / config, decode-cache shardings (issue #6).
 #

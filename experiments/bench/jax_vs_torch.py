@@ -85,7 +85,7 @@ def main(argv=None) -> dict:
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)
     try:
-        from transformer_jax.train.loop import default_config
+        from transformer_jax.experiment import default_config
 
         train_cfg = default_config().train  # the paper's Adam, schedule and label smoothing (§5.3, §5.4)
     except Exception:  # noqa: BLE001 - fall back to the same constants if the loop module changes

@@ -11,6 +11,10 @@ assembles global arrays with jax.make_array_from_process_local_data, trains with
 processes, and reports the loss sums of its steps; --params writes this process's shards of the final parameters.
 With --num-processes 1 it is the single-process reference (use --devices = the total device count).
 --launch-only stops after start-up (for the bad-launch tests).
+
+--loop runs the real runner instead, `train.loop.train` on experiments/tiny.py (a small model, the builtin corpus,
+fsdp over every device), with the start-up settings in the config's `distributed` section, up to update --stop-at
+(resuming from --workdir); it reports the run's summary. Process 0 trains the tokenizer and writes metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ def parse():
     parser.add_argument("--out", default=None)
     parser.add_argument("--params", default=None)
     parser.add_argument("--launch-only", action="store_true")
+    parser.add_argument("--loop", action="store_true", help="run transformer_jax.train.loop.train")
     parser.add_argument("--cache-dir", default=None, help="persistent compilation cache (a restart reuses it)")
     return parser.parse_args()
 
@@ -62,6 +67,9 @@ def main():
     settings = {"coordinator_address": args.coordinator, "num_processes": args.num_processes,
                 "process_id": args.process_id, "initialization_timeout": args.timeout, "cpu_collectives": "gloo"}
     started = time.perf_counter()
+    if args.loop:
+        run_loop(args, {k: v for k, v in settings.items() if v is not None}, started)
+        return
     try:
         info = distributed.initialize({k: v for k, v in settings.items() if v is not None})
     except distributed.DistributedStartupError as error:
@@ -135,6 +143,36 @@ def main():
     if args.out:
         with open(args.out, "w") as handle:
             json.dump(report, handle)
+    distributed.shutdown()
+
+
+# tests/conftest.py's seconds-long run of experiments/tiny.py, fsdp over every device, dropout off.
+LOOP_CHANGES = {"train.eval_every": 2, "train.checkpoint_every": 2, "train.bleu_every": 2,
+                "train.bleu_max_sentences": 8, "train.final_bleu": "none", "train.async_checkpoints": False,
+                "model.dropout_rate": 0.0, "mesh.data": 1, "mesh.fsdp": -1}
+
+
+def run_loop(args, settings: dict, started: float) -> None:
+    """The real runner; distributed start-up happens inside `train` from the config."""
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from conftest import tiny_run_overrides
+
+    from transformer_jax import cli, distributed
+    from transformer_jax.train import loop
+
+    overrides = tiny_run_overrides(args.stop_at, **LOOP_CHANGES,
+                                   **{f"distributed.{key}": value for key, value in settings.items()})
+    config = cli.load_experiment(str(Path(__file__).parents[2] / "experiments" / "tiny.py"), overrides)
+    summary = loop.train(config, args.workdir)
+    import jax
+
+    report = {"info": distributed.initialize()._asdict(), "summary": summary,
+              "wall_s": time.perf_counter() - started, "process_index": jax.process_index()}
+    if args.out:
+        with open(args.out, "w") as handle:
+            json.dump(report, handle, default=str)
     distributed.shutdown()
 
 

@@ -29,6 +29,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh
 
+from transformer_jax import parallel
+
 from transformer_jax.decoding.cache import (Cache, StepFn, as_params, constrain_cache, gather_beams, init_cache,
                                             reorder_cache, transformer_step_fn)
 from transformer_jax.decoding.config import (NEG_INF, DecodeConfig, length_penalty, per_sentence_limits,
@@ -147,9 +149,9 @@ def _repeat_for_beams(x: jnp.ndarray, beam_size: int) -> jnp.ndarray:
 
 
 @functools.partial(jax.jit, static_argnames=("model", "beam_size", "alpha", "max_decode_len", "extra_length",
-                                             "one_hot", "early_stopping", "mesh", "batch_axis"))
+                                             "one_hot", "early_stopping", "mesh", "rules"))
 def _beam_search(model: nn.Module, params, inputs, *, beam_size: int, alpha: float, max_decode_len: int,
-                 extra_length: int, one_hot: bool, early_stopping: bool, mesh: Mesh | None, batch_axis):
+                 extra_length: int, one_hot: bool, early_stopping: bool, mesh: Mesh | None, rules):
     cfg = model.config
     encoded = model.apply({"params": params}, inputs, method="encode")  # [batch, src_len, d_model]
     # The encoder runs once per sentence; its output is repeated for the hypotheses.
@@ -161,12 +163,12 @@ def _beam_search(model: nn.Module, params, inputs, *, beam_size: int, alpha: flo
         beam_size=beam_size, alpha=alpha, max_decode_len=max_decode_len,
         max_lengths=per_sentence_limits(inputs, cfg.pad_id, extra_length, max_decode_len),
         bos_id=cfg.bos_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id, one_hot=one_hot,
-        early_stopping=early_stopping, constrain=lambda cache: constrain_cache(cache, mesh, batch_axis))
+        early_stopping=early_stopping, constrain=lambda cache: constrain_cache(cache, mesh, rules))
 
 
 def beam_search(model: nn.Module, params, inputs: jnp.ndarray, *, beam_size: int | None = None,
                 alpha: float | None = None, max_decode_len: int | None = None, config: DecodeConfig | None = None,
-                mesh: Mesh | None = None, batch_axis="data", early_stopping: bool = True):
+                mesh: Mesh | None = None, rules: parallel.Rules = parallel.DEFAULT_RULES, early_stopping: bool = True):
     """Beam search translation of `inputs` [batch, src_len] (pad_id = padding) with a Transformer.
 
     beam_size and alpha default to `config` (DecodeConfig: §6.1's beam 4, alpha 0.6). Each sentence's output
@@ -187,4 +189,4 @@ def beam_search(model: nn.Module, params, inputs: jnp.ndarray, *, beam_size: int
     return _beam_search(
         model, as_params(params), inputs, beam_size=beam_size, alpha=float(alpha), max_decode_len=max_decode_len,
         extra_length=config.extra_length, one_hot=config.gather == "one_hot", early_stopping=early_stopping,
-        mesh=mesh, batch_axis=batch_axis)
+        mesh=mesh, rules=tuple(rules))

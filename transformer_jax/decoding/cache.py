@@ -17,7 +17,9 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
+
+from transformer_jax import parallel
 
 Cache = Any
 StepFn = Callable[[jnp.ndarray, Cache], tuple[jnp.ndarray, Cache]]
@@ -121,28 +123,12 @@ def reorder_cache(cache: Cache, indices: jnp.ndarray, *, one_hot: bool = False) 
     return jax.tree_util.tree_map_with_path(reorder, cache)
 
 
-def cache_shardings(cache: Cache, mesh: Mesh, batch_axis: str | tuple[str, ...] = "data") -> Cache:
-    """Shardings like the activations': every leaf split along its leading (batch) dimension over the mesh's
-    `batch_axis`; scalars, and leaves whose batch does not divide evenly, are replicated.
+def constrain_cache(cache: Cache, mesh: Mesh | None, rules: parallel.Rules = parallel.DEFAULT_RULES) -> Cache:
+    """Inside jit: pin the cache to the activations' sharding, split along the batch (a no-op without a mesh).
 
-    Flattened beam caches ([batch * beam, ...]) keep each sentence's hypotheses on one device as long as
-    batch divides by the axis size, so reorder_cache stays local.
+    Flattened beam caches ([batch * beam, ...]) keep each sentence's hypotheses on one device as long as the
+    batch divides by the batch axes, so reorder_cache stays local.
     """
-    axes = (batch_axis,) if isinstance(batch_axis, str) else tuple(batch_axis)
-    size = 1
-    for axis in axes:
-        size *= mesh.shape[axis]
-
-    def sharding(leaf):
-        if getattr(leaf, "ndim", 0) >= 1 and leaf.shape[0] % size == 0:
-            return NamedSharding(mesh, PartitionSpec(batch_axis))
-        return NamedSharding(mesh, PartitionSpec())
-
-    return jax.tree_util.tree_map(sharding, cache)
-
-
-def constrain_cache(cache: Cache, mesh: Mesh | None, batch_axis: str | tuple[str, ...] = "data") -> Cache:
-    """Inside jit: pin the cache to cache_shardings (a no-op without a mesh)."""
     if mesh is None:
         return cache
-    return jax.lax.with_sharding_constraint(cache, cache_shardings(cache, mesh, batch_axis))
+    return jax.lax.with_sharding_constraint(cache, parallel.decode_cache_shardings(cache, mesh, rules))

@@ -11,6 +11,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh
 
+from transformer_jax import parallel
+
 from transformer_jax.decoding.cache import (Cache, StepFn, as_params, constrain_cache, init_cache,
                                             transformer_step_fn)
 from transformer_jax.decoding.config import (NEG_INF, DecodeConfig, per_sentence_limits,
@@ -67,9 +69,9 @@ def greedy_search(step_fn: StepFn, cache: Cache, *, batch_size: int, max_decode_
     return final.tokens, lengths, final.log_probs
 
 
-@functools.partial(jax.jit, static_argnames=("model", "max_decode_len", "extra_length", "mesh", "batch_axis"))
+@functools.partial(jax.jit, static_argnames=("model", "max_decode_len", "extra_length", "mesh", "rules"))
 def _greedy_decode(model: nn.Module, params, inputs, *, max_decode_len: int, extra_length: int,
-                   mesh: Mesh | None, batch_axis):
+                   mesh: Mesh | None, rules):
     cfg = model.config
     encoded = model.apply({"params": params}, inputs, method="encode")  # [batch, src_len, d_model]
     cache = init_cache(model, params, encoded, inputs, max_decode_len)
@@ -78,11 +80,11 @@ def _greedy_decode(model: nn.Module, params, inputs, *, max_decode_len: int, ext
         max_decode_len=max_decode_len,
         max_lengths=per_sentence_limits(inputs, cfg.pad_id, extra_length, max_decode_len),
         bos_id=cfg.bos_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id,
-        constrain=lambda cache: constrain_cache(cache, mesh, batch_axis))
+        constrain=lambda cache: constrain_cache(cache, mesh, rules))
 
 
 def greedy_decode(model: nn.Module, params, inputs: jnp.ndarray, *, max_decode_len: int | None = None,
-                  config: DecodeConfig | None = None, mesh: Mesh | None = None, batch_axis="data",
+                  config: DecodeConfig | None = None, mesh: Mesh | None = None, rules: parallel.Rules = parallel.DEFAULT_RULES,
                   return_log_probs: bool = False):
     """Greedy translation of `inputs` [batch, src_len] (pad_id = padding) with a Transformer.
 
@@ -98,5 +100,5 @@ def greedy_decode(model: nn.Module, params, inputs: jnp.ndarray, *, max_decode_l
     max_decode_len = resolve_max_decode_len(inputs.shape[1], config, max_decode_len, model.config.max_len)
     tokens, lengths, log_probs = _greedy_decode(
         model, as_params(params), inputs, max_decode_len=max_decode_len, extra_length=config.extra_length,
-        mesh=mesh, batch_axis=batch_axis)
+        mesh=mesh, rules=tuple(rules))
     return (tokens, lengths, log_probs) if return_log_probs else (tokens, lengths)

@@ -29,7 +29,7 @@ import optax
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from transformer_jax import parallel
+from transformer_jax import distributed, parallel
 from transformer_jax.model import Transformer
 from transformer_jax.train.loss import cross_entropy_sums
 from transformer_jax.train.state import TrainState
@@ -51,7 +51,7 @@ def make_pmap_train_step_fn(model: Transformer, tx: optax.GradientTransformation
     def apply_update(state: TrainState, grad_sum, tokens):
         grads = jax.tree.map(lambda g: g / jnp.maximum(tokens, 1.0), grad_sum)  # mean over global tokens
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        return optax.apply_updates(state.params, updates), opt_state, optax.global_norm(grads)
+        return optax.apply_updates(state.params, updates), opt_state, optax.tree.norm(grads)
 
     def train_step(state: TrainState, batch: dict):
         step_rng = jax.random.fold_in(state.rng, state.step)
@@ -151,13 +151,18 @@ class StepRunner(NamedTuple):
 
 def make_runner(mode: str, model: Transformer, tx: optax.GradientTransformation, schedule: optax.Schedule, *,
                 label_smoothing: float, accum_steps: int, mesh: jax.sharding.Mesh, state_shardings: Any,
-                rules: parallel.Rules = parallel.DEFAULT_RULES) -> StepRunner:
-    """A StepRunner for mode 'jit' or 'pmap' (see `parallel.parallel_mode`). pmap runs on the mesh's devices."""
+                rules: parallel.Rules = parallel.DEFAULT_RULES, compiler_options: dict | None = None) -> StepRunner:
+    """A StepRunner for mode 'jit' or 'pmap' (see `parallel.parallel_mode`). pmap runs on the mesh's devices.
+
+    jit: place_batch takes this process's rows (`distributed.data_shard`); compiler_options go to jax.jit
+    (jax.pmap takes none).
+    """
     if mode == "jit":
         step = jit_train_step(make_train_step(model, tx, schedule, label_smoothing=label_smoothing,
-                                              accum_steps=accum_steps), state_shardings, mesh, rules)
+                                              accum_steps=accum_steps), state_shardings, mesh, rules,
+                              compiler_options)
         identity = lambda tree: tree  # noqa: E731
-        return StepRunner("jit", step, identity, lambda batch: parallel.shard_batch(batch, mesh, rules),
+        return StepRunner("jit", step, identity, lambda batch: distributed.global_batch(batch, mesh, rules),
                           identity, identity)
     if mode != "pmap":
         raise ValueError(f"parallel mode {mode!r} is unknown; use one of {parallel.PARALLEL_MODES}.")

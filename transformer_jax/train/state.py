@@ -87,20 +87,3 @@ def create_train_state(model_cfg: ModelConfig, tx: optax.GradientTransformation,
     """Initialises the state on the mesh. Returns (state, state_shardings, abstract_state)."""
     init, shardings, abstract = state_initializer(model_cfg, tx, mesh, rules, accum_steps)
     return init(jax.random.PRNGKey(seed)), shardings, abstract
-
-
-def param_shapes(params: Any) -> dict[str, tuple[int, ...]]:
-    """{'encoder/layer_0/ffn/...': shape} for a (possibly abstract or boxed) parameter tree."""
-    flat = jax.tree_util.tree_flatten_with_path(nn.unbox(params))[0]
-    return {"/".join(_key_name(k) for k in path): tuple(leaf.shape) for path, leaf in flat}
-
-
-def _key_name(key) -> str:
-    for attribute in ("key", "name", "idx"):
-        if hasattr(key, attribute):
-            return str(getattr(key, attribute))
-    return str(key)
-
-
-def count_params(params: Any) -> int:
-    return int(sum(int(jnp.size(leaf)) for leaf in jax.tree.leaves(nn.unbox(params))))

@@ -1,0 +1,137 @@
+"""What a training run reports: metrics.jsonl, TensorBoard events, a tqdm bar, and the curves PNG.
+
+Rows of {workdir}/metrics.jsonl are {"kind": ..., "step": update, ...values}, kinds:
+
+  train       means since the previous train row: loss, nll, perplexity, accuracy, learning_rate, grad_norm,
+              tokens_per_sec (source + target tokens of all processes, padding excluded)
+  eval        validation loss, nll, perplexity, accuracy (token-weighted over the validation batches)
+  bleu        greedy BLEU / chrF of the first train.bleu_max_sentences validation pairs (train.bleu_every)
+  final_bleu  BLEU / chrF of the whole validation split after the last update (train.final_bleu)
+
+TensorBoard tags are "{kind}/{name}". Only process 0 writes (ProgressLog(write=False) elsewhere).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from transformer_jax.train import loss as loss_lib
+
+METRICS_FILENAME = "metrics.jsonl"
+PLOT_FILENAME = "curves.png"
+TENSORBOARD_DIR = "tensorboard"
+
+
+def summarize_train_metrics(metrics: Sequence[dict]) -> dict:
+    """Per-token means over host metrics of train steps, the last learning rate and the mean applied grad norm."""
+    totals = {key: sum(float(m[key]) for m in metrics) for key in ("loss", "nll", "correct", "tokens")}
+    values = loss_lib.summarize(totals)
+    values["learning_rate"] = float(metrics[-1]["learning_rate"])
+    applied = [float(m["grad_norm"]) for m in metrics if float(m["updated"])]
+    values["grad_norm"] = float(np.mean(applied)) if applied else math.nan
+    return values
+
+
+class ProgressLog:
+    """metrics.jsonl (appended) + TensorBoard events + a tqdm progress bar of finished updates.
+
+    write=False (processes other than 0 of a multi-process run): every method does nothing.
+    """
+
+    def __init__(self, workdir: Path, start: int, total: int, progress: bool, write: bool = True):
+        self.file = self.writer = self.bar = None
+        if not write:
+            return
+        from tensorboardX import SummaryWriter
+
+        self.file = open(workdir / METRICS_FILENAME, "a")
+        self.writer = SummaryWriter(str(workdir / TENSORBOARD_DIR))
+        if progress:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=start, desc="train", unit="step", dynamic_ncols=True)
+
+    def log(self, kind: str, step: int, values: dict) -> None:
+        """One metrics.jsonl row; numeric values also go to TensorBoard as "{kind}/{name}"."""
+        if self.file is None:
+            return
+        self.file.write(json.dumps({"kind": kind, "step": step, **values}) + "\n")
+        self.file.flush()
+        for key, value in values.items():
+            if isinstance(value, (int, float)):
+                self.writer.add_scalar(f"{kind}/{key}", value, step)
+        self.writer.flush()
+
+    def progress(self, steps: int, postfix: dict | None = None) -> None:
+        if self.bar is not None:
+            self.bar.update(steps)
+            if postfix:
+                self.bar.set_postfix(postfix, refresh=False)
+
+    def message(self, text: str) -> None:
+        if self.file is None:
+            return
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.file is not None:
+            self.writer.close()
+            self.file.close()
+
+
+def read_metrics(workdir: str | Path) -> list[dict]:
+    """Rows of metrics.jsonl; for a step logged twice (a resumed run), the last row wins."""
+    path = Path(workdir) / METRICS_FILENAME
+    if not path.is_file():
+        return []
+    rows = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            rows[(row["kind"], row["step"])] = row
+    return sorted(rows.values(), key=lambda row: (row["step"], row["kind"]))
+
+
+def plot_curves(workdir: str | Path) -> Path | None:
+    """PNG of train / eval loss and the learning rate against the step, from metrics.jsonl."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(workdir)
+    train_rows = [row for row in rows if row["kind"] == "train"]
+    eval_rows = [row for row in rows if row["kind"] == "eval"]
+    if not train_rows:
+        return None
+    figure, (loss_axis, lr_axis) = plt.subplots(1, 2, figsize=(11, 4))
+    steps = [row["step"] for row in train_rows]
+    loss_axis.plot(steps, [row["loss"] for row in train_rows], label="train (label-smoothed)")
+    loss_axis.plot(steps, [row["nll"] for row in train_rows], label="train NLL", alpha=0.7)
+    if eval_rows:
+        loss_axis.plot([row["step"] for row in eval_rows], [row["nll"] for row in eval_rows], "o-",
+                       label="validation NLL")
+    loss_axis.set_xlabel("step")
+    loss_axis.set_ylabel("loss per target token (nats)")
+    loss_axis.set_yscale("log")
+    loss_axis.legend()
+    loss_axis.grid(alpha=0.3)
+    lr_axis.plot(steps, [row["learning_rate"] for row in train_rows])
+    lr_axis.set_xlabel("step")
+    lr_axis.set_ylabel("learning rate")
+    lr_axis.grid(alpha=0.3)
+    figure.tight_layout()
+    path = Path(workdir) / PLOT_FILENAME
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
