@@ -23,78 +23,23 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
-from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from transformer_jax import distributed, parallel
 from transformer_jax.model import Transformer
-from transformer_jax.train.loss import cross_entropy_sums
-from transformer_jax.train.state import TrainState
-from transformer_jax.train.step import jit_train_step, make_train_step, model_logits
+from transformer_jax.train.step import jit_train_step, make_train_step
 
 AXIS_NAME = "devices"
-
-
-def make_pmap_train_step_fn(model: Transformer, tx: optax.GradientTransformation, schedule: optax.Schedule, *,
-                            label_smoothing: float, accum_steps: int = 1, axis_name: str = AXIS_NAME) -> Callable:
-    """The per-device step (to be run under `jax.pmap(axis_name=axis_name)`); metrics are global sums."""
-    pad_id = model.config.pad_id
-
-    def loss_fn(params, batch, dropout_rng):
-        logits = model_logits(model, params, batch, deterministic=False, dropout_rng=dropout_rng)
-        sums = cross_entropy_sums(logits, batch["targets"], label_smoothing=label_smoothing, pad_id=pad_id)
-        return sums.loss, sums
-
-    def apply_update(state: TrainState, grad_sum, tokens):
-        grads = jax.tree.map(lambda g: g / jnp.maximum(tokens, 1.0), grad_sum)  # mean over global tokens
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        return optax.apply_updates(state.params, updates), opt_state, optax.tree.norm(grads)
-
-    def train_step(state: TrainState, batch: dict):
-        step_rng = jax.random.fold_in(state.rng, state.step)
-        dropout_rng = jax.random.fold_in(step_rng, lax.axis_index(axis_name))
-        grads, sums = jax.grad(loss_fn, has_aux=True)(state.params, batch, dropout_rng)
-        # Sums over the global batch: gradient of the summed loss, and every loss sum / token count.
-        grads = lax.psum(grads, axis_name)
-        sums = lax.psum(sums, axis_name)
-        learning_rate = schedule(state.step // accum_steps)
-        if accum_steps == 1:
-            params, opt_state, grad_norm = apply_update(state, grads, sums.tokens)
-            new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
-            updated = jnp.float32(1.0)
-        else:
-            grad_sum = jax.tree.map(jnp.add, state.grad_accum, grads)
-            tokens = state.accum_tokens + sums.tokens
-            is_last = (state.step + 1) % accum_steps == 0
-
-            def step_now(_):
-                params, opt_state, grad_norm = apply_update(state, grad_sum, tokens)
-                zeros = jax.tree.map(jnp.zeros_like, grad_sum)
-                return params, opt_state, zeros, jnp.zeros_like(tokens), grad_norm
-
-            def keep(_):
-                return state.params, state.opt_state, grad_sum, tokens, jnp.float32(0.0)
-
-            params, opt_state, grad_accum, accum_tokens, grad_norm = lax.cond(is_last, step_now, keep, None)
-            new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                                      grad_accum=grad_accum, accum_tokens=accum_tokens)
-            updated = is_last.astype(jnp.float32)
-        metrics = dict(sums._asdict(), learning_rate=jnp.asarray(learning_rate, jnp.float32),
-                       grad_norm=grad_norm, updated=updated)
-        return new_state, metrics
-
-    return train_step
 
 
 def make_pmap_train_step(model: Transformer, tx: optax.GradientTransformation, schedule: optax.Schedule, *,
                          label_smoothing: float, accum_steps: int = 1,
                          devices: Sequence[jax.Device] | None = None, donate: bool = True) -> Callable:
     """`jax.pmap`ped step: (replicated state, batch [devices, b, ...]) -> (replicated state, replicated metrics)."""
-    step = make_pmap_train_step_fn(model, tx, schedule, label_smoothing=label_smoothing,
-                                   accum_steps=accum_steps, axis_name=AXIS_NAME)
+    step = make_train_step(model, tx, schedule, label_smoothing=label_smoothing, accum_steps=accum_steps,
+                           axis_name=AXIS_NAME)
     return jax.pmap(step, axis_name=AXIS_NAME, devices=None if devices is None else list(devices),
                     donate_argnums=(0,) if donate else ())
 

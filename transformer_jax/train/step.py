@@ -44,8 +44,12 @@ def model_logits(model: Transformer, params, batch: dict, *, deterministic: bool
 
 
 def make_train_step(model: Transformer, tx: optax.GradientTransformation, schedule: optax.Schedule, *,
-                    label_smoothing: float, accum_steps: int = 1) -> Callable:
-    """The pure (unjitted) train step; see the module docstring."""
+                    label_smoothing: float, accum_steps: int = 1, axis_name: str | None = None) -> Callable:
+    """The pure (unjitted) train step; see the module docstring.
+
+    axis_name: run under `jax.pmap(axis_name=...)` (train/pmap_step.py): each device draws its own dropout
+    masks, and the gradient sums and token counts are `psum`med, so the update is the global-batch mean.
+    """
     pad_id = model.config.pad_id
 
     def loss_fn(params, batch, dropout_rng):
@@ -60,7 +64,11 @@ def make_train_step(model: Transformer, tx: optax.GradientTransformation, schedu
 
     def train_step(state: TrainState, batch: dict):
         dropout_rng = jax.random.fold_in(state.rng, state.step)  # same masks when resumed at this step
+        if axis_name is not None:
+            dropout_rng = jax.random.fold_in(dropout_rng, jax.lax.axis_index(axis_name))
         grads, sums = jax.grad(loss_fn, has_aux=True)(state.params, batch, dropout_rng)
+        if axis_name is not None:  # sums over the global batch
+            grads, sums = jax.lax.psum((grads, sums), axis_name)
         learning_rate = schedule(state.step // accum_steps)  # the update this micro-batch contributes to
         if accum_steps == 1:
             params, opt_state, grad_norm = apply_update(state, grads, sums.tokens)
