@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
-PYTEST_ARGS ?= -n 2 --durations=15
+PYTEST_ARGS ?= -n 2 --dist loadgroup --durations=15
 
 .PHONY: venv test demo clean
 
