@@ -260,7 +260,8 @@ def _run_average(args: argparse.Namespace) -> int:
 @register("export-torch", help="Write a checkpoint's parameters as a torch state_dict file (needs torch).")
 def _export_torch_command(parser: argparse.ArgumentParser) -> Handler:
     parser.add_argument("--workdir", required=True)
-    parser.add_argument("--checkpoint", default=None, help="a step, 'averaged', or nothing for the latest")
+    parser.add_argument("--checkpoint", default=None,
+                        help="a step, 'averaged', 'imported', or nothing for the latest")
     parser.add_argument("--output", required=True, help="path of the .pt file to write")
     return _run_export_torch
 
@@ -279,7 +280,7 @@ def _run_export_torch(args: argparse.Namespace) -> int:
     return 0
 
 
-@register("import-torch", help="Load a torch state_dict file as an extra checkpoint step of a workdir.")
+@register("import-torch", help="Load a torch state_dict file into a workdir as --checkpoint imported.")
 def _import_torch_command(parser: argparse.ArgumentParser) -> Handler:
     parser.add_argument("--workdir", required=True, help="a workdir whose config.json describes the model")
     parser.add_argument("--input", required=True, help="the .pt state_dict file")
