@@ -150,3 +150,16 @@ def test_bfloat16_activations_float32_params_and_dropout_from_step():
     jax.tree.map(np.testing.assert_array_equal, a.params, b.params)
     _, metrics_next = step(a, batch)  # the next step draws different masks
     assert float(metrics_next["loss"]) != float(metrics_a["loss"])
+
+
+def test_dropout_key_is_a_function_of_seed_and_step():
+    from transformer_jax.train.step import dropout_key
+
+    base = jax.random.PRNGKey(3)
+    for prng in ("rbg", "threefry"):
+        draw = lambda step: np.asarray(jax.random.bernoulli(dropout_key(base, step, prng), 0.5, (64,)))  # noqa: E731
+        np.testing.assert_array_equal(draw(5), draw(5))  # a resumed run draws the same masks
+        assert (draw(5) != draw(6)).any()
+    np.testing.assert_array_equal(dropout_key(base, 7, "threefry"), jax.random.fold_in(base, 7))
+    with pytest.raises(ValueError, match="unknown"):
+        dropout_key(base, 0, "mersenne")

@@ -32,6 +32,7 @@ from transformer_jax import parallel
 from transformer_jax.config import PRESETS, ModelConfig
 from transformer_jax.decoding import DecodeConfig
 from transformer_jax.distributed import DistributedConfig
+from transformer_jax.train.step import DROPOUT_PRNGS
 
 # Fields of ModelConfig that the tokenizer decides.
 TOKENIZER_FIELDS = ("vocab_size", "pad_id", "bos_id", "eos_id")
@@ -89,6 +90,7 @@ def default_config() -> ml_collections.ConfigDict:
         keep_checkpoints=5,
         async_checkpoints=True,
         progress=True,
+        dropout_prng="rbg",  # 'rbg' (XLA's RngBitGenerator, fast) | 'threefry' (same masks on every layout)
         fast_compile=False,  # XLA optimization level 0: 2-3x faster CPU compiles, slower steps (tests, smoke runs)
         bleu_every=0,  # greedy BLEU / chrF of the validation split every this many updates (0 = never)
         bleu_max_sentences=500,  # the first this many validation pairs for the periodic BLEU
@@ -276,6 +278,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"train.bleu_max_sentences={train.bleu_max_sentences!r} must be a positive integer.")
     if train.final_bleu not in FINAL_BLEU_METHODS:
         raise ConfigError(f"train.final_bleu={train.final_bleu!r} is unknown; use one of {FINAL_BLEU_METHODS}.")
+    if train.dropout_prng not in DROPOUT_PRNGS:
+        raise ConfigError(f"train.dropout_prng={train.dropout_prng!r} is unknown; use one of {DROPOUT_PRNGS}.")
     decode_config(config)
     if config.mesh.rules != "auto" and config.mesh.rules not in parallel.RULE_TABLES:
         raise ConfigError(f"mesh.rules={config.mesh.rules!r} is unknown; use 'auto' or one of "

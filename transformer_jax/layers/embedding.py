@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax.config import ModelConfig
+from transformer_jax.layers.linear import dense
 
 
 def sinusoidal_table(max_len: int, d_model: int, layout: str = "interleaved") -> np.ndarray:
@@ -48,7 +49,9 @@ class TokenEmbedding(nn.Module):
 
     def attend(self, x: jnp.ndarray) -> jnp.ndarray:
         """Pre-softmax projection with the transposed embedding: [batch, length, d_model] -> [..., vocab]."""
-        return jnp.einsum("bld,vd->blv", x.astype(jnp.float32), self.embedding.astype(jnp.float32))
+        return dense(x.astype(jnp.float32), self.embedding.astype(jnp.float32).T)  # [batch, length, vocab]
+
+
 
 
 class PositionalEncoding(nn.Module):

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 
 from transformer_jax.config import ModelConfig
 from transformer_jax.layers.init import bias_init, kernel_init
+from transformer_jax.layers.linear import dense_dot_general
 
 
 class FeedForward(nn.Module):
@@ -19,12 +20,12 @@ class FeedForward(nn.Module):
         cfg = self.config
         # x: [batch, length, d_model]
         hidden = nn.Dense(
-            cfg.d_ff, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name="wi",
+            cfg.d_ff, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name="wi", dot_general=dense_dot_general,
             kernel_init=kernel_init(("embed", "mlp")), bias_init=bias_init(("mlp",)),
         )(x)  # [batch, length, d_ff]
         hidden = nn.relu(hidden)
         hidden = nn.Dropout(rate=cfg.relu_dropout_rate)(hidden, deterministic=deterministic)
         return nn.Dense(
-            cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name="wo",
+            cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name="wo", dot_general=dense_dot_general,
             kernel_init=kernel_init(("mlp", "embed")), bias_init=bias_init(("embed",)),
         )(hidden)  # [batch, length, d_model]

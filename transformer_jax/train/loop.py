@@ -72,14 +72,16 @@ class _Compiled(NamedTuple):
 
 @functools.lru_cache(maxsize=8)
 def _compiled_functions(model_cfg: ModelConfig, optimizer_key: tuple, label_smoothing: float, accum_steps: int,
-                        mesh: jax.sharding.Mesh, rules: tuple, mode: str, fast_compile: bool) -> _Compiled:
+                        mesh: jax.sharding.Mesh, rules: tuple, mode: str, fast_compile: bool,
+                        dropout_prng: str) -> _Compiled:
     """Jitted init / train / eval functions, cached so that a second run in one process reuses compilations."""
     tx, schedule = make_optimizer(ml_collections.ConfigDict(dict(optimizer_key)), model_cfg.d_model)
     model = Transformer(model_cfg)
     options = FAST_COMPILE_OPTIONS if fast_compile else None
     init, shardings, abstract = state_initializer(model_cfg, tx, mesh, rules, accum_steps, options)
     runner = make_runner(mode, model, tx, schedule, label_smoothing=label_smoothing, accum_steps=accum_steps,
-                         mesh=mesh, state_shardings=shardings, rules=rules, compiler_options=options)
+                         mesh=mesh, state_shardings=shardings, rules=rules, compiler_options=options,
+                         dropout_prng=dropout_prng)
     eval_step = jit_eval_step(make_eval_step(model, label_smoothing=label_smoothing), shardings.params, mesh, rules,
                               options)
     return _Compiled(init, runner, eval_step, abstract)
@@ -148,7 +150,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path,
     timings["tokenizer"] = time.perf_counter() - started - sum(timings.values())
     compiled = _compiled_functions(
         model_cfg, tuple((name, train_cfg[name]) for name in OPTIMIZER_FIELDS), float(train_cfg.label_smoothing),
-        int(train_cfg.accum_steps), mesh, rules, parallel.parallel_mode(config.mesh), bool(train_cfg.fast_compile))
+        int(train_cfg.accum_steps), mesh, rules, parallel.parallel_mode(config.mesh), bool(train_cfg.fast_compile),
+        str(train_cfg.dropout_prng))
 
     is_main = jax.process_index() == 0
     checkpointer = ckpt.Checkpointer(workdir, keep=train_cfg.keep_checkpoints,

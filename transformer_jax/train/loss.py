@@ -17,11 +17,14 @@ are summed first and divided by the total number of target tokens at the end.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax import lax
 
 
 class LossSums(NamedTuple):
@@ -45,20 +48,57 @@ def cross_entropy_sums(logits: jnp.ndarray, targets: jnp.ndarray, *, label_smoot
 
     logits: [batch, length, vocab] (any float dtype; promoted to float32);
     targets: [batch, length] int ids; weights: optional [batch, length] extra 0/1 mask (multiplied in).
+    `correct` counts tokens whose gold logit is the largest (a tie with another token counts as correct).
     """
-    logits = logits.astype(jnp.float32)
-    log_probs = jax.nn.log_softmax(logits, axis=-1)  # [batch, length, vocab]
     mask = (targets != pad_id).astype(jnp.float32)  # [batch, length]
     if weights is not None:
         mask = mask * weights.astype(jnp.float32)
-    nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]  # [batch, length]
-    mean_neg_log_prob = -jnp.mean(log_probs, axis=-1)  # [batch, length]: the uniform eps/V part
+    loss, nll, correct = _token_losses(logits.astype(jnp.float32), targets, mask, label_smoothing)
+    return LossSums(loss=loss, nll=nll, correct=correct, tokens=jnp.sum(mask))
+
+
+def _forward_terms(logits, targets, mask, label_smoothing):
+    """Sums of the smoothed loss, the NLL and correct tokens, from per-row statistics only.
+
+    -log p(v) = logsumexp(logits) - logit(v), so no [batch, length, vocab] log-probability array is made.
+    """
+    max_logit = jnp.max(logits, axis=-1)  # [batch, length]
+    log_z = max_logit + jnp.log(jnp.sum(jnp.exp(logits - max_logit[..., None]), axis=-1))  # [batch, length]
+    gold = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]  # [batch, length]
+    nll = log_z - gold
+    mean_neg_log_prob = log_z - jnp.mean(logits, axis=-1)  # the uniform eps/V part
     smoothed = (1.0 - label_smoothing) * nll + label_smoothing * mean_neg_log_prob
-    correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
-    return LossSums(
-        loss=jnp.sum(smoothed * mask), nll=jnp.sum(nll * mask), correct=jnp.sum(correct * mask),
-        tokens=jnp.sum(mask),
-    )
+    correct = (gold >= max_logit).astype(jnp.float32)
+    sums = (jnp.sum(smoothed * mask), jnp.sum(nll * mask), jnp.sum(correct * mask))
+    return sums, log_z
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _token_losses(logits, targets, mask, label_smoothing):
+    return _forward_terms(logits, targets, mask, label_smoothing)[0]
+
+
+def _token_losses_fwd(logits, targets, mask, label_smoothing):
+    sums, log_z = _forward_terms(logits, targets, mask, label_smoothing)
+    return sums, (logits, targets, mask, log_z)
+
+
+def _token_losses_bwd(label_smoothing, residuals, cotangents):
+    """One fused pass: d loss / d logits = mask * (p - q), d nll / d logits = mask * (p - onehot(gold))."""
+    logits, targets, mask, log_z = residuals
+    d_loss, d_nll, _ = cotangents
+    vocab_size = logits.shape[-1]
+    probs = jnp.exp(logits - log_z[..., None])  # [batch, length, vocab]
+    is_gold = lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1) == targets[..., None]
+    gold_weight = (d_loss * (1.0 - label_smoothing) + d_nll) * mask  # [batch, length]
+    probs_weight = (d_loss + d_nll) * mask
+    d_logits = (probs * probs_weight[..., None] - jnp.where(is_gold, gold_weight[..., None], 0.0)
+                - (d_loss * label_smoothing / vocab_size) * mask[..., None])
+    zeros = np.zeros(targets.shape, dtype=jax.dtypes.float0)
+    return d_logits, zeros, jnp.zeros_like(mask)
+
+
+_token_losses.defvjp(_token_losses_fwd, _token_losses_bwd)
 
 
 def summarize(sums: dict | LossSums) -> dict:

@@ -36,10 +36,11 @@ AXIS_NAME = "devices"
 
 def make_pmap_train_step(model: Transformer, tx: optax.GradientTransformation, schedule: optax.Schedule, *,
                          label_smoothing: float, accum_steps: int = 1,
-                         devices: Sequence[jax.Device] | None = None, donate: bool = True) -> Callable:
+                         devices: Sequence[jax.Device] | None = None, donate: bool = True,
+                         dropout_prng: str = "rbg") -> Callable:
     """`jax.pmap`ped step: (replicated state, batch [devices, b, ...]) -> (replicated state, replicated metrics)."""
     step = make_train_step(model, tx, schedule, label_smoothing=label_smoothing, accum_steps=accum_steps,
-                           axis_name=AXIS_NAME)
+                           axis_name=AXIS_NAME, dropout_prng=dropout_prng)
     return jax.pmap(step, axis_name=AXIS_NAME, devices=None if devices is None else list(devices),
                     donate_argnums=(0,) if donate else ())
 
@@ -96,7 +97,8 @@ class StepRunner(NamedTuple):
 
 def make_runner(mode: str, model: Transformer, tx: optax.GradientTransformation, schedule: optax.Schedule, *,
                 label_smoothing: float, accum_steps: int, mesh: jax.sharding.Mesh, state_shardings: Any,
-                rules: parallel.Rules = parallel.DEFAULT_RULES, compiler_options: dict | None = None) -> StepRunner:
+                rules: parallel.Rules = parallel.DEFAULT_RULES, compiler_options: dict | None = None,
+                dropout_prng: str = "rbg") -> StepRunner:
     """A StepRunner for mode 'jit' or 'pmap' (see `parallel.parallel_mode`). pmap runs on the mesh's devices.
 
     jit: place_batch takes this process's rows (`distributed.data_shard`); compiler_options go to jax.jit
@@ -104,7 +106,8 @@ def make_runner(mode: str, model: Transformer, tx: optax.GradientTransformation,
     """
     if mode == "jit":
         step = jit_train_step(make_train_step(model, tx, schedule, label_smoothing=label_smoothing,
-                                              accum_steps=accum_steps), state_shardings, mesh, rules,
+                                              accum_steps=accum_steps, dropout_prng=dropout_prng),
+                              state_shardings, mesh, rules,
                               compiler_options)
         identity = lambda tree: tree  # noqa: E731
         return StepRunner("jit", step, identity, lambda batch: distributed.global_batch(batch, mesh, rules),
@@ -117,7 +120,7 @@ def make_runner(mode: str, model: Transformer, tx: optax.GradientTransformation,
         raise ValueError("mode 'pmap' is single-host here; use mode 'jit' on several hosts.")
     devices = list(mesh.devices.flat)
     step = make_pmap_train_step(model, tx, schedule, label_smoothing=label_smoothing, accum_steps=accum_steps,
-                                devices=devices)
+                                devices=devices, dropout_prng=dropout_prng)
 
     def host_state(state):
         return jax.device_put(unreplicate(state), state_shardings)
