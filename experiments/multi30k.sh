@@ -1,16 +1,30 @@
 #!/usr/bin/env bash
-# Multi30k EN→DE end to end: train, average the last 5 checkpoints, beam-decode test_2016_flickr, score.
-#   experiments/multi30k.sh /path/to/multi30k [workdir] [--config.field=value ...]
+# Multi30k end to end on a time budget: train (experiments/multi30k.py, train.max_minutes), average the last
+# 10 checkpoints, then score test_2016_flickr: averaged and last checkpoint, beam and greedy.
+#   experiments/multi30k.sh /path/to/multi30k [workdir] [--pair en-de|de-en|en-fr] [--config.field=value ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DATA=$(realpath "${1:?usage: experiments/multi30k.sh /path/to/multi30k [workdir] [--config.field=value ...]}")
+usage="usage: experiments/multi30k.sh /path/to/multi30k [workdir] [--pair en-de|de-en|en-fr] [--config.field=value ...]"
+DATA=$(realpath "${1:?$usage}")
 WORKDIR=${2:-runs/multi30k}
 shift $(( $# >= 2 ? 2 : 1 ))
+PAIR=en-de
+if [[ "${1:-}" == "--pair" ]]; then PAIR=${2:?$usage}; shift 2; fi
+case "$PAIR" in en-de|de-en|en-fr|fr-en|de-fr|fr-de) ;; *) echo "unknown --pair $PAIR; $usage" >&2; exit 2;; esac
 TJ=${TJ:-.venv/bin/transformer-jax}
+BEAM=${BEAM:-5}
+ALPHA=${ALPHA:-0.6}
 
 SECONDS=0
-"$TJ" train --config experiments/multi30k.py --workdir "$WORKDIR" --config.data.path="$DATA" "$@"
-echo "training took ${SECONDS} s"
-"$TJ" average --workdir "$WORKDIR" --last 5
-"$TJ" evaluate --workdir "$WORKDIR" --checkpoint averaged --split test --batch-size 100
-"$TJ" evaluate --workdir "$WORKDIR" --checkpoint averaged --split test --batch-size 100 --greedy --samples 0
+"$TJ" train --config experiments/multi30k.py --workdir "$WORKDIR" --config.data.path="$DATA" \
+  --config.data.source_lang="${PAIR%-*}" --config.data.target_lang="${PAIR#*-}" "$@"
+TRAINED=$SECONDS
+"$TJ" average --workdir "$WORKDIR" --last 10
+echo "training took ${TRAINED} s; with averaging ${SECONDS} s"
+for checkpoint in averaged latest; do
+  ckpt_flag=(); [[ $checkpoint == averaged ]] && ckpt_flag=(--checkpoint averaged)
+  "$TJ" evaluate --workdir "$WORKDIR" "${ckpt_flag[@]}" --split test --batch-size 100 --beam-size "$BEAM" \
+    --alpha "$ALPHA" --samples 3
+  "$TJ" evaluate --workdir "$WORKDIR" "${ckpt_flag[@]}" --split test --batch-size 100 --greedy --samples 0
+done
+echo "all done in ${SECONDS} s"

@@ -308,6 +308,9 @@ def _run_import_torch(args: argparse.Namespace) -> int:
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     parser = argparse.ArgumentParser(prog="transformer-jax", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser.add_argument("--compilation-cache", metavar="DIR|off", default=None,
+                        help="persistent XLA compilation cache: a second run of the same config skips compiling "
+                             "(default: $TRANSFORMER_JAX_COMPILATION_CACHE or ~/.cache/transformer_jax/xla)")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     handlers = {}
     for name, command in COMMANDS.items():
@@ -330,6 +333,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"{args.command} takes no --config overrides")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from transformer_jax.compilation_cache import enable_compilation_cache
+
+    enable_compilation_cache(args.compilation_cache)
     return int(handlers[args.command](args) or 0)
 
 

@@ -75,6 +75,7 @@ def default_config() -> ml_collections.ConfigDict:
     ))
     config.train = ml_collections.ConfigDict(dict(
         steps=100_000,  # optimizer updates
+        max_minutes=0.0,  # time budget of a train command (0 = none): stop, checkpoint and evaluate when spent
         warmup_steps=4000,
         lr_scale=1.0,
         adam_b1=0.9,
@@ -270,6 +271,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
             raise ConfigError(f"{name}={value!r} must be a positive integer.")
     if not 0.0 <= train.label_smoothing < 1.0:
         raise ConfigError(f"train.label_smoothing={train.label_smoothing} must lie in [0, 1).")
+    if isinstance(train.max_minutes, bool) or not isinstance(train.max_minutes, (int, float)) or \
+            train.max_minutes < 0:
+        raise ConfigError(f"train.max_minutes={train.max_minutes!r} must be a number of minutes >= 0 (0 = no budget).")
     if train.lr_scale <= 0:
         raise ConfigError(f"train.lr_scale={train.lr_scale} must be positive.")
     if not isinstance(train.bleu_every, int) or train.bleu_every < 0:

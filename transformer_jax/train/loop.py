@@ -225,6 +225,30 @@ class _StopRequest:
         return False
 
 
+class _TimeBudget:
+    """train.max_minutes (0 = none), counted from the start of `train`: tokenizer, compiling and validation included.
+
+    With several processes, process 0's clock decides and the decision is broadcast at log_every boundaries,
+    so every process stops at the same update.
+    """
+
+    def __init__(self, max_minutes: float, started: float, check_every: int = 1):
+        self.deadline = started + 60.0 * max_minutes if max_minutes else None
+        self.check_every = check_every if jax.process_count() > 1 else 1
+        self.stopped = False
+
+    def spent(self, update: int) -> bool:
+        if self.deadline is None or update % self.check_every:
+            return False
+        over = time.perf_counter() >= self.deadline
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            over = bool(multihost_utils.broadcast_one_to_all(np.array(over)))
+        self.stopped = over
+        return over
+
+
 class _InFlight(NamedTuple):
     micro_step: int  # train_step calls done once this one has finished
     metrics: dict  # device arrays
@@ -259,9 +283,14 @@ class _Loop:
                                                     if dropped else ""))
         first_step_time = None
         last_saved = update if update else None
+        budget = _TimeBudget(train_cfg.max_minutes, started, train_cfg.log_every)
         with _StopRequest() as stop:
             # A stop request is served at the next update boundary (the data position is saved per update).
             while update < train_cfg.steps and not (stop.signal_name and self.micro_step % accum == 0):
+                if self.micro_step % accum == 0 and budget.spent(update):
+                    self.summary["stopped_by"] = f"time budget train.max_minutes={train_cfg.max_minutes}"
+                    self.log.message(f"time budget of {train_cfg.max_minutes} min reached at update {update}.")
+                    break
                 self._dispatch()
                 if first_step_time is None:
                     self._drain()
@@ -286,8 +315,13 @@ class _Loop:
                     self._save(update, wait=True)
                     self.log.message(f"{stop.signal_name}: saved a checkpoint at update {update}; "
                                      f"run the same command to resume.")
+            if budget.stopped and update > start:
+                if last_saved != update:
+                    self._save(update, wait=True)
+                self._validate(update, final=True)
         self.checkpointer.wait()
-        if update == train_cfg.steps > start and train_cfg.final_bleu != "none":
+        finished = update == train_cfg.steps or budget.stopped
+        if finished and update > start and train_cfg.final_bleu != "none":
             self._bleu(update, "final_bleu", train_cfg.final_bleu, self.valid_pairs)
         self.summary.update(step=update, time_to_first_step=first_step_time, timings=timings)
         return self.summary
@@ -328,10 +362,14 @@ class _Loop:
             self.on_update(update, summarize_train_metrics(self.update_metrics))
         self.update_metrics = []
 
-    def _validate(self, update: int) -> None:
-        """Validation loss and periodic BLEU when due; their time is left out of tokens/s."""
+    def _validate(self, update: int, final: bool = False) -> None:
+        """Validation loss and periodic BLEU when due (loss always when `final`); their time is left out of tokens/s."""
         train_cfg = self.train_cfg
         loss_due = update % train_cfg.eval_every == 0 or update == train_cfg.steps
+        if final:
+            if update % train_cfg.eval_every == 0:
+                return  # done at this update already
+            loss_due = True
         bleu_due = bool(train_cfg.bleu_every) and update % train_cfg.bleu_every == 0
         if not (loss_due or bleu_due):
             return
