@@ -2,22 +2,37 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+HASH := $(shell cksum pyproject.toml | cut -d' ' -f1)
+CORE_STAMP := $(VENV)/.installed-core-$(HASH)
+TEST_STAMP := $(VENV)/.installed-test-$(HASH)
 PYTEST_ARGS ?= -n 2 --dist loadgroup --durations=15
 
-.PHONY: venv test demo clean
+.PHONY: venv venv-test test lint demo clean
 
-venv: $(STAMP)
+venv: $(CORE_STAMP)
 
-$(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+venv-test: $(TEST_STAMP)
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,torch]'
-	rm -f $(VENV)/.installed-*
+
+# The demo needs the package only (no torch); the tests add pytest and torch for the parity tests.
+$(CORE_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PY) -m pip install --quiet -e .
+	rm -f $(VENV)/.installed-core-*
 	touch $@
 
-test: venv
+$(TEST_STAMP): pyproject.toml $(CORE_STAMP)
+	$(PY) -m pip install --quiet -e '.[test,torch]'
+	rm -f $(VENV)/.installed-test-*
+	touch $@
+
+test: venv-test
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: venv-test
+	$(VENV)/bin/ruff check transformer_jax experiments tests
 
 demo: venv
 	bash experiments/demo.sh

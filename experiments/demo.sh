@@ -9,4 +9,4 @@ TJ=${TJ:-.venv/bin/transformer-jax}
 "$TJ" train --config experiments/tiny.py --workdir "$WORKDIR"
 "$TJ" average --workdir "$WORKDIR" --last 3
 "$TJ" evaluate --workdir "$WORKDIR" --checkpoint averaged --split test --batch-size 64 --samples 6
-echo "curves: $WORKDIR/curves.png   TensorBoard: tensorboard --logdir $WORKDIR/tensorboard"
+echo "curves: $WORKDIR/curves.png   TensorBoard: tensorboard --logdir $WORKDIR/tensorboard (pip install '.[tensorboard]')"

@@ -1,5 +1,7 @@
 """Attention against the seed's worked numbers and brute force."""
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,8 +25,12 @@ def test_seed_worked_example_cat_sat_on_mat():
     np.testing.assert_allclose(np.round(output, 4), [1.6044, 1.1978])
 
 
-def test_softmax_of_one_two_three():
-    np.testing.assert_allclose(np.round(jax.nn.softmax(jnp.array([1.0, 2.0, 3.0])), 3), [0.090, 0.245, 0.665])
+def test_weights_are_the_softmax_of_scaled_scores_by_hand():
+    # d_k = 4, so Q K^T / sqrt(d_k) = [2, 4, 6] / 2 = [1, 2, 3]; softmax by hand: e^i / (e + e^2 + e^3).
+    q = jnp.ones((1, 1, 1, 4))  # [batch, q_len, heads, head_dim]
+    k = jnp.array([0.5, 1.0, 1.5])[None, :, None, None] * jnp.ones((1, 3, 1, 4))  # [batch, kv_len, heads, head_dim]
+    by_hand = [math.exp(i) / (math.exp(1) + math.exp(2) + math.exp(3)) for i in (1, 2, 3)]
+    np.testing.assert_allclose(attention_weights(q, k)[0, 0, 0], by_hand, rtol=1e-6)
 
 
 def test_matches_brute_force_with_mask():

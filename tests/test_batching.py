@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 
 from transformer_jax.data.batching import (
-    TrainBatches, default_bucket_boundaries, eval_batches, rows_for_length,
+    TrainBatches,
+    default_bucket_boundaries,
+    eval_batches,
+    rows_for_length,
 )
 
 PAD, BOS, EOS = 0, 1, 2

@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 
 from transformer_jax import config as config_lib
-from transformer_jax.decoding import (DecodeConfig, beam_search, beam_search_core, greedy_search,
-                                      length_penalty)
+from transformer_jax.decoding import DecodeConfig, beam_search, beam_search_core, greedy_search, length_penalty
 from transformer_jax.decoding.beam import BeamState, search_should_continue
 from transformer_jax.decoding.config import NEG_INF
 from transformer_jax.model import Transformer

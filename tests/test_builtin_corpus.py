@@ -6,8 +6,18 @@ import re
 import pytest
 
 from transformer_jax.data.builtin_corpus import (
-    ADJECTIVES, ALL_NOUNS, COMPOUND_NOUNS, HELD_OUT_ADJECTIVE_NOUN, HELD_OUT_NUMBER_ENDINGS, NOUNS,
-    TRANSITIVE_VERBS, BuiltinCorpusSource, english_number, english_ordinal, generate_corpus, german_number,
+    ADJECTIVES,
+    ALL_NOUNS,
+    COMPOUND_NOUNS,
+    HELD_OUT_ADJECTIVE_NOUN,
+    HELD_OUT_NUMBER_ENDINGS,
+    NOUNS,
+    TRANSITIVE_VERBS,
+    BuiltinCorpusSource,
+    english_number,
+    english_ordinal,
+    generate_corpus,
+    german_number,
     noun_phrase,
 )
 
@@ -84,10 +94,9 @@ def test_split_sizes_and_disjoint(corpus):
 
 
 _EN_WORDS = {word: value for value, word in enumerate(
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
-    "seventeen eighteen nineteen".split())}
+    ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"])}
 _EN_WORDS.update({word: 10 * (i + 2) for i, word in enumerate(
-    "twenty thirty forty fifty sixty seventy eighty ninety".split())})
+    ["twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"])})
 
 
 def parse_english_number(text):
@@ -126,7 +135,7 @@ def held_out_reasons(english, german):
     number = parse_english_number(english)
     if number is not None and number % 100 in HELD_OUT_NUMBER_ENDINGS:
         reasons.add(("number", number))
-    months = "January February March April May June July August September October November December".split()
+    months = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"]
     for day, month in re.findall(r"the (\d+)(?:st|nd|rd|th) of (\w+)", english):
         if int(day) == months.index(month) + 1:
             reasons.add(("date", day, month))

@@ -8,7 +8,12 @@ import pytest
 
 from transformer_jax import parallel
 from transformer_jax.checkpoint import (
-    CheckpointMismatchError, Checkpointer, average_params, describe_mismatch, save_config, load_config,
+    Checkpointer,
+    CheckpointMismatchError,
+    average_params,
+    describe_mismatch,
+    load_config,
+    save_config,
 )
 from transformer_jax.train.state import TrainState
 

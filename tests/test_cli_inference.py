@@ -2,14 +2,16 @@
 
 import io
 import json
+import os
 import sys
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 import sacrebleu
-
 from conftest import tiny_run_overrides
+
 from transformer_jax import checkpoint as ckpt
 from transformer_jax import cli
 from transformer_jax.train import loop
@@ -107,3 +109,94 @@ def test_unknown_checkpoint_names_the_choices(workdir):
         ckpt.load_params(workdir, "best")
     with pytest.raises(FileNotFoundError, match="No checkpoint at step 4"):
         ckpt.load_params(workdir, 4)
+
+
+def test_translate_files_nbest_jsonl_and_token_batches(workdir, tmp_path, monkeypatch, capsys):
+    """--input/--output, --nbest with scores against beam_search itself, --max-tokens giving the same output."""
+    from transformer_jax.decoding import DecodeConfig
+
+    source = tmp_path / "in.en"
+    source.write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
+    output = tmp_path / "out.jsonl"
+    code, out, _ = run_cli(["translate", "--workdir", str(workdir), "--input", str(source), "--output",
+                            str(output), "--nbest", "3", "--beam-size", "3", "--format", "jsonl",
+                            "--max-tokens", "40"], monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0 and out == ""
+    rows = [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines()]
+    assert [row["source"] for row in rows] == SOURCES
+    translator = Translator.from_workdir(workdir, decode_config=DecodeConfig(beam_size=3), batch_size=1)
+    for row, source_line in zip(rows, SOURCES):
+        if not source_line:
+            assert row["hypotheses"] == [{"text": "", "score": 0.0}]
+            continue
+        expected = translator.translate_nbest([source_line], nbest=3)[0]
+        assert [h["text"] for h in row["hypotheses"]] == [h.text for h in expected]
+        np.testing.assert_allclose([h["score"] for h in row["hypotheses"]], [h.score for h in expected],
+                                   rtol=1e-5)
+        scores = [h["score"] for h in row["hypotheses"]]
+        assert scores == sorted(scores, reverse=True)  # best first
+
+
+def test_translate_reports_bad_bytes_after_translating_the_lines_before(workdir, monkeypatch, capsys):
+    stdin = io.TextIOWrapper(io.BytesIO(b"three small red cats\nbad \xff byte\n"), encoding="utf-8")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    code = cli.main(["translate", "--workdir", str(workdir), "--greedy"])
+    out, err = capsys.readouterr()
+    assert code == 1 and len(out.splitlines()) == 1  # the good line came out
+    assert "line 2 is not UTF-8" in err and "iconv -f" in err and "Traceback" not in err
+
+
+def test_version_and_module_entry_point():
+    import subprocess
+
+    from transformer_jax import __version__
+
+    proc = subprocess.run([sys.executable, "-m", "transformer_jax", "--version"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"transformer-jax {__version__}"
+
+
+def test_load_gives_a_ready_translator(workdir):
+    import transformer_jax
+
+    translator = transformer_jax.load(workdir, method="greedy")
+    assert translator.translate(["three small red cats"]) == \
+        Translator.from_workdir(workdir, method="greedy").translate(["three small red cats"])
+    assert set(translator.params) >= {"embed", "encoder", "decoder"}
+
+
+@pytest.mark.parametrize("last", ["0", "-2"])
+def test_average_refuses_a_non_positive_count(workdir, last, monkeypatch, capsys):
+    code, _, err = run_cli(["average", "--workdir", str(workdir), "--last", last], monkeypatch=monkeypatch,
+                           capsys=capsys)
+    assert code == 2 and "--last" in err
+
+
+def test_average_on_a_missing_workdir_creates_nothing(tmp_path, monkeypatch, capsys):
+    missing = tmp_path / "nothing-here"
+    code, _, err = run_cli(["average", "--workdir", str(missing)], monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 1 and "not found" in err and not missing.exists()
+
+
+def test_workdir_problems_fail_at_once_and_write_nothing(workdir, tmp_path, monkeypatch, capsys):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    code, _, err = run_cli(["train", "--config", "experiments/tiny.py", "--workdir", str(a_file)],
+                           monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 1 and "is a file" in err
+    code, _, err = run_cli(["train", "--config", "experiments/tiny.py", "--workdir", "gs://bucket/run"],
+                           monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 1 and "remote paths" in err and not Path("gs:").exists()
+    if os.geteuid() != 0:  # root may write anywhere
+        read_only = tmp_path / "read-only"
+        read_only.mkdir()
+        read_only.chmod(0o555)
+        code, _, err = run_cli(["average", "--workdir", str(read_only)], monkeypatch=monkeypatch, capsys=capsys)
+        assert code == 1 and "not writable" in err
+
+
+def test_evaluate_with_empty_files_says_so(workdir, tmp_path, monkeypatch, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    code, _, err = run_cli(["evaluate", "--workdir", str(workdir), "--source-file", str(empty),
+                            "--reference-file", str(empty), "--greedy"], monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 1 and "no sentence pairs" in err and "Traceback" not in err

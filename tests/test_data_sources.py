@@ -15,7 +15,7 @@ def write(path, lines, opener=open):
 
 def test_local_files_pairs_in_order(tmp_path):
     write(tmp_path / "train.en", [b"a house", b"two cats"])
-    write(tmp_path / "train.de", ["ein Haus".encode(), "zwei Katzen".encode()])
+    write(tmp_path / "train.de", [b"ein Haus", b"zwei Katzen"])
     source = make_source("local", directory=tmp_path)
     assert list(source.pairs("train")) == [("a house", "ein Haus"), ("two cats", "zwei Katzen")]
     reverse = make_source("local", directory=tmp_path, source_lang="de", target_lang="en")
@@ -24,7 +24,7 @@ def test_local_files_pairs_in_order(tmp_path):
 
 def test_gzip_and_windows_line_ends(tmp_path):
     write(tmp_path / "test.en.gz", [b"good morning\r"], gzip.open)
-    write(tmp_path / "test.de", ["guten Morgen\r".encode()])
+    write(tmp_path / "test.de", [b"guten Morgen\r"])
     assert list(LocalFilesSource(tmp_path).pairs("test")) == [("good morning", "guten Morgen")]
 
 
@@ -74,8 +74,8 @@ def test_tfds_wmt14_is_english_to_german_by_default(tmp_path):
     def fake_data_source(builder, split, **kwargs):
         """Stands in for the prepared ArrayRecord files; tfds stores wmt14 'de-en' German first."""
         requests.append((builder.name, split))
-        return [{"de": "Guten Morgen".encode(), "en": b"good morning"},
-                {"de": "Die Katze".encode(), "en": b"The cat"}]
+        return [{"de": b"Guten Morgen", "en": b"good morning"},
+                {"de": b"Die Katze", "en": b"The cat"}]
 
     with tfds.testing.mock_data(as_data_source_fn=fake_data_source, data_dir=str(tmp_path)):
         english_to_german = make_source("tfds", data_dir=str(tmp_path))

@@ -9,8 +9,16 @@ from jax.sharding import PartitionSpec
 
 from transformer_jax import config as config_lib
 from transformer_jax import parallel
-from transformer_jax.decoding import (DecodeConfig, constrain_cache, gather_beams, greedy_decode,
-                                      greedy_search, init_cache, reorder_cache, transformer_step_fn)
+from transformer_jax.decoding import (
+    DecodeConfig,
+    constrain_cache,
+    gather_beams,
+    greedy_decode,
+    greedy_search,
+    init_cache,
+    reorder_cache,
+    transformer_step_fn,
+)
 from transformer_jax.decoding.config import per_sentence_limits, resolve_max_decode_len
 from transformer_jax.model import Transformer
 
@@ -100,11 +108,11 @@ def test_cross_attention_keys_values_are_computed_once_per_source(tiny, compiled
     step_dots = _dot_operand_shapes(jax.make_jaxpr(step)(jnp.full((2,), BOS), cache).jaxpr)
     init_dots = _dot_operand_shapes(jax.make_jaxpr(
         lambda e: init_cache(model, params, e, SOURCES, 6))(encoded).jaxpr)
-    assert sum(map(projects_memory, init_dots)) == 2  # one fused K/V matmul per layer (2 layers) there...
+    assert sum(map(projects_memory, init_dots)) == 2 * 2  # the check sees K and V of both layers there...
     assert step_dots and not any(map(projects_memory, step_dots))  # ...and no step repeats them
 
-    # Under jit, the dummy decoder pass that sizes the cache is dead code: only the K/V projections remain.
-    assert compiled["init_hlo"].count(" dot(") == TINY.num_decoder_layers
+    # Under jit, the dummy decoder pass that sizes the cache is dead code: only K and V projections remain.
+    assert compiled["init_hlo"].count(" dot(") == 2 * TINY.num_decoder_layers
 
     _, stepped = compiled["step"](jnp.full((2,), BOS), cache)
     for name in ("memory_key", "memory_value"):

@@ -98,4 +98,25 @@ def test_dropout_is_active_only_when_not_deterministic():
     b = model.apply({"params": params}, SRC, TGT_IN, deterministic=False, rngs={"dropout": jax.random.key(2)})
     c = model.apply({"params": params}, SRC, TGT_IN)
     assert np.abs(a - b).max() > 1e-3
-    np.testing.assert_array_equal(c, model.apply({"params": params}, SRC, TGT_IN))
+    # Deterministic means dropout off: the same logits as the model built with dropout_rate 0.
+    no_dropout = Transformer(tiny(dropout_rate=0.0)).apply({"params": params}, SRC, TGT_IN, deterministic=False,
+                                                            rngs={"dropout": jax.random.key(1)})
+    np.testing.assert_allclose(c, no_dropout, rtol=1e-6, atol=1e-6)
+
+
+def test_inputs_longer_than_the_position_table_are_refused():
+    """Without the check, positions past max_len read outside the table (garbage or NaN logits)."""
+    from transformer_jax.decoding import beam_search, greedy_decode
+
+    model, params = init(tiny(max_len=16))
+    too_long = jnp.ones((1, 17), jnp.int32)
+    fits = jnp.ones((1, 16), jnp.int32)
+    with pytest.raises(ValueError, match="max_len=16"):
+        model.apply({"params": params}, too_long, fits)
+    with pytest.raises(ValueError, match="decoder_inputs has length 17"):
+        model.apply({"params": params}, fits, too_long)
+    with pytest.raises(ValueError, match="max_len=16"):
+        model.apply({"params": params}, too_long, method="encode")
+    for decode in (greedy_decode, beam_search):
+        with pytest.raises(ValueError, match="max_len=16"):
+            decode(model, params, too_long)

@@ -4,7 +4,10 @@ import pytest
 
 from transformer_jax.data.builtin_corpus import generate_corpus
 from transformer_jax.data.tokenizer import (
-    MODEL_FILENAME, balanced_sample, load_or_train_tokenizer, train_tokenizer,
+    MODEL_FILENAME,
+    balanced_sample,
+    load_or_train_tokenizer,
+    train_tokenizer,
 )
 
 VOCAB_SIZE = 400

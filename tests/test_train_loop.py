@@ -10,13 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SMALL_CORPUS, tiny_run_overrides
 
 from transformer_jax import cli
-from transformer_jax.checkpoint import CheckpointMismatchError, load_model_for_inference
+from transformer_jax.checkpoint import CheckpointDamagedError, CheckpointMismatchError, load_model_for_inference
+from transformer_jax.experiment import ConfigError
 from transformer_jax.train import loop
 from transformer_jax.train.progress import read_metrics
-
-from conftest import SMALL_CORPUS, tiny_run_overrides
 
 STEPS = 6
 NO_BLEU = {"train.bleu_every": 0, "train.final_bleu": "none"}  # decoding is tested on its own below
@@ -83,13 +83,64 @@ def test_stopped_by_sigterm_and_resumed_gives_the_same_losses(uninterrupted, tmp
 def test_checkpoint_of_another_shape_is_refused_and_nothing_is_overwritten(uninterrupted):
     workdir = uninterrupted[0]
     before = snapshot(workdir)
-    with pytest.raises(CheckpointMismatchError) as error:
+    with pytest.raises(ConfigError) as error:
         loop.train(small_config(**{"model.d_ff": 48}), workdir)
     message = str(error.value)
-    assert "encoder/layer_0/ffn/" in message and "decoder/layer_0/ffn/" in message
-    assert "(32, 64) vs config (32, 48)" in message
-    assert "self_attention" not in message  # only the differing parameters are named
+    assert "model.d_ff: 64 → 48" in message  # the config field, not a list of tensors
+    assert "model.d_model" not in message  # only what differs
     assert snapshot(workdir) == before
+    # Without config.json (an older workdir), the checkpoint's tensors are compared and named instead.
+    config_json = (workdir / "config.json").read_bytes()
+    (workdir / "config.json").unlink()
+    try:
+        with pytest.raises(CheckpointMismatchError, match=r"\(32, 64\) vs config \(32, 48\)"):
+            loop.train(small_config(**{"model.d_ff": 48}), workdir)
+    finally:
+        (workdir / "config.json").write_bytes(config_json)
+
+
+@pytest.mark.parametrize("change, field", [({"data.tokens_per_batch": 512}, "data.tokens_per_batch"),
+                                           ({"train.seed": 5}, "train.seed")])
+def test_resume_refuses_a_different_data_stream(uninterrupted, change, field):
+    workdir = uninterrupted[0]
+    before = snapshot(workdir)
+    with pytest.raises(ConfigError, match=field):
+        loop.train(small_config(**change), workdir)
+    assert snapshot(workdir) == before  # config.json untouched
+
+
+def test_resume_allows_more_steps_with_a_notice(uninterrupted, tmp_path, caplog):
+    import shutil
+
+    workdir = tmp_path / "copy"
+    shutil.copytree(uninterrupted[0], workdir)
+    summary = loop.train(small_config(STEPS + 1), workdir)
+    assert summary["start_step"] == STEPS and summary["step"] == STEPS + 1
+    assert "train.steps: 6 → 7" in caplog.text
+    assert json.loads((workdir / "config.json").read_text())["train"]["steps"] == STEPS + 1
+
+
+def test_replaying_a_saved_config_json_resumes_the_run(uninterrupted, tmp_path):
+    import shutil
+
+    workdir = tmp_path / "replay"
+    shutil.copytree(uninterrupted[0], workdir)
+    config = cli.load_experiment(str(workdir / "config.json"), [("train.steps", str(STEPS + 1))])
+    summary = loop.train(config, workdir)
+    assert summary["start_step"] == STEPS and summary["step"] == STEPS + 1
+
+
+@pytest.mark.parametrize("name, code", [("SIGINT", 130), ("SIGTERM", 143), (None, 0)])
+def test_train_exit_code_says_a_signal_stopped_it(monkeypatch, tmp_path, capsys, name, code):
+    monkeypatch.setattr(loop, "train", lambda config, workdir: {"step": 3, "interrupted": name})
+    assert cli.main(["train", "--config", "experiments/tiny.py", "--workdir", str(tmp_path / "w")]) == code
+
+
+def test_time_budget_stops_saves_and_evaluates(tmp_path):
+    summary = loop.train(small_config(10_000, **{"train.max_minutes": 0.05}), tmp_path)  # 3 seconds
+    assert summary["stopped_by"].startswith("time budget") and 0 < summary["step"] < 10_000
+    assert (tmp_path / "checkpoints" / str(summary["step"])).is_dir()
+    assert summary["eval"] is not None
 
 
 def test_load_model_for_inference(uninterrupted):
@@ -171,3 +222,52 @@ def test_validation_bleu_is_logged_and_equals_a_recomputation_with_the_saved_par
         assert (row["bleu"], row["chrf"], row["bleu_lowercase"]) == pytest.approx(
             (scores.bleu, scores.chrf, scores.bleu_lowercase), abs=1e-9), kind
     assert summary["final_bleu"]["chrf"] == rows["final_bleu"]["chrf"]
+
+
+@pytest.mark.parametrize("empty_split", ["train", "val"])
+def test_empty_split_files_fail_before_any_work(tmp_path, capsys, empty_split):
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "val"):
+        for lang in ("en", "de"):
+            (data / f"{split}.{lang}").write_text("" if split == empty_split else "a cat\nein Hund\n")
+    workdir = tmp_path / "run"
+    code = cli.main(["train", "--config", "experiments/multi30k.py", "--workdir", str(workdir),
+                     f"--config.data.path={data}"])
+    err = capsys.readouterr().err
+    split_name = "train" if empty_split == "train" else "validation"
+    assert code == 2 and f"the {split_name} split" in err and "no sentence pairs" in err
+    assert not workdir.exists()
+
+
+def test_a_misspelt_source_option_is_a_config_error(tmp_path, capsys):
+    code = cli.main(["train", "--config", "experiments/tiny.py", "--workdir", str(tmp_path / "run"),
+                     "--config.data.options.split_sizez={'train': 10}"])
+    assert code == 2 and "data.options" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["truncate", "empty_metadata", "missing_state"])
+def test_damaged_latest_checkpoint_falls_back_to_the_newest_intact_one(uninterrupted, tmp_path, damage, caplog):
+    import shutil
+
+    workdir = tmp_path / "copy"
+    shutil.copytree(uninterrupted[0], workdir)
+    latest = workdir / "checkpoints" / str(STEPS)
+    if damage == "truncate":
+        for path in (latest / "state").rglob("*"):
+            if path.is_file() and path.stat().st_size > 1000:
+                path.write_bytes(path.read_bytes()[:100])
+    elif damage == "empty_metadata":
+        for path in (latest / "state").rglob("*metadata*"):
+            if path.is_file():
+                path.write_bytes(b"")
+    else:
+        shutil.rmtree(latest / "state")
+    with pytest.raises(CheckpointDamagedError) as error:  # inference names the damaged step and the others
+        load_model_for_inference(workdir)
+    assert f"checkpoint {STEPS}" in str(error.value) and "[3]" in str(error.value)
+    summary = loop.train(small_config(), workdir)
+    assert summary["start_step"] == 3 and summary["step"] == STEPS  # redone from the intact update 3
+    assert "damaged" in caplog.text
+    assert (workdir / "checkpoints" / f"damaged_{STEPS}").is_dir()  # set aside, not deleted
+    np.testing.assert_allclose(train_losses(workdir)[STEPS], train_losses(uninterrupted[0])[STEPS], atol=1e-6)

@@ -37,6 +37,10 @@ class CheckpointMismatchError(ValueError):
     """A saved checkpoint does not fit the configured model."""
 
 
+class CheckpointDamagedError(ValueError):
+    """A checkpoint's files cannot be read back (truncated, emptied or missing)."""
+
+
 def _flat_shapes(tree: Any, prefix: str = "") -> dict[str, tuple[int, ...]]:
     """{'a/b/c': shape} for a nested dict whose leaves have `.shape` (arrays, ShapeDtypeStruct, metadata)."""
     out = {}
@@ -116,13 +120,62 @@ class Checkpointer:
         state = flax.serialization.from_state_dict(abstract_state, restored["state"])
         return state, dict(restored["data"] or {})
 
+    def restore_newest_intact(self, abstract_state: Any) -> tuple[int, Any, dict] | None:
+        """(step, state, data_state) of the newest checkpoint that reads back, or None if there is none.
+
+        A damaged newer checkpoint (a truncated array file, empty metadata, a missing directory) is skipped with
+        a warning naming it; if every checkpoint is damaged, CheckpointDamagedError says so.
+        """
+        steps = sorted(self.all_steps(), reverse=True)
+        for step in steps:
+            try:
+                state, data_state = self.restore(step, abstract_state)
+            except CheckpointMismatchError:
+                raise
+            except Exception as error:  # noqa: BLE001 - orbax and tensorstore raise many types for bad files
+                logger.warning("checkpoint %s is damaged (%s); falling back to an older one.",
+                               self.directory / str(step), _first_line(error))
+                continue
+            if step != steps[0]:
+                self._set_aside([newer for newer in steps if newer > step])
+                logger.warning("resuming from checkpoint %d, the newest intact one.", step)
+            return step, state, data_state
+        if steps:
+            raise CheckpointDamagedError(f"every checkpoint in {self.directory} ({steps}) is damaged; start a fresh "
+                                         f"--workdir (or restore the directory from a backup).")
+        return None
+
+    def _set_aside(self, steps: list[int]) -> None:
+        """Renames damaged step directories to damaged_{step} (kept for inspection, out of orbax's way)."""
+        if jax.process_index() == 0:
+            for step in steps:
+                source = self.directory / str(step)
+                if source.exists():
+                    target = self.directory / f"damaged_{step}"
+                    source.rename(target)
+                    logger.warning("moved the damaged checkpoint %s to %s.", source, target)
+        self.manager.reload()
+
     def restore_params(self, step: int | None = None) -> Any:
-        """The saved parameters as a nested dict of arrays (no target needed; for inference and averaging)."""
+        """The saved parameters as a nested dict of arrays on this process's first device.
+
+        Whatever mesh wrote the checkpoint (8 devices with FSDP, say), the arrays are read onto one device, so
+        inference and averaging work on any machine.
+        """
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"No checkpoint in {self.directory}.")
-        restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(),
-                                                                      data=ocp.args.JsonRestore()))
+        try:
+            metadata = self.manager.item_metadata(step)["state"]
+            target = on_first_device(getattr(metadata, "tree", metadata))
+            restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
+                                                                          data=ocp.args.JsonRestore()))
+        except Exception as error:  # noqa: BLE001 - orbax and tensorstore raise many types for bad files
+            others = [other for other in self.all_steps() if other != step]
+            raise CheckpointDamagedError(
+                f"checkpoint {step} in {self.directory} cannot be read ({_first_line(error)}); "
+                + (f"choose another with --checkpoint (available: {others})." if others else
+                   "no other checkpoint exists.")) from None
         return restored["state"]["params"]
 
     def wait(self) -> None:
@@ -131,6 +184,21 @@ class Checkpointer:
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0][:200] if text else ''}"
+
+
+def on_first_device(metadata_tree: Any) -> Any:
+    """A restore target from checkpoint metadata: every array whole on this process's first device.
+
+    Restoring without a target makes orbax reuse the saved shardings, which only exist on the saving topology.
+    """
+    sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype, sharding=sharding),
+                        metadata_tree, is_leaf=lambda leaf: hasattr(leaf, "shape") and hasattr(leaf, "dtype"))
 
 
 def save_json(path: Path, value: dict) -> None:
@@ -234,4 +302,4 @@ def restore_named_params(workdir: str | Path, name: str) -> Any:
         command = "average" if name == "averaged" else "import-torch"
         raise FileNotFoundError(f"{directory} not found: run `transformer-jax {command} --workdir {workdir}` first.")
     with ocp.StandardCheckpointer() as checkpointer:
-        return checkpointer.restore(directory)["params"]
+        return checkpointer.restore(directory, on_first_device(checkpointer.metadata(directory)))["params"]

@@ -14,14 +14,16 @@ Config overrides (`--config.section.field=value`) are collected for every comman
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
+import os
 import re
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 Handler = Callable[[argparse.Namespace], "int | None"]
 Declare = Callable[[argparse.ArgumentParser], Handler]
@@ -91,21 +93,26 @@ def _train_command(parser: argparse.ArgumentParser) -> Handler:
 
 def _run_train(args: argparse.Namespace) -> int:
     from transformer_jax.distributed import DistributedStartupError
-    from transformer_jax.experiment import ConfigError
+    from transformer_jax.experiment import ConfigError, validate_config
     from transformer_jax.train import loop
 
     try:
         config = load_experiment(args.config, args.config_overrides)
         if args.print_config:
+            validate_config(config)
             print(json.dumps(config.to_dict(), indent=2, default=list))
             return 0
+        check_workdir(args.workdir, writable=True)
         summary = loop.train(config, args.workdir)
     except ConfigError as error:
         print(f"config error: {error}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, ValueError, DistributedStartupError) as error:
+    except (OSError, ValueError, DistributedStartupError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted before training started; nothing was saved or changed.", file=sys.stderr)
+        return 130
     eval_metrics = summary.get("eval") or {}
     line = f"done: update {summary['step']}"
     if eval_metrics:
@@ -114,8 +121,29 @@ def _run_train(args: argparse.Namespace) -> int:
         line += f", validation BLEU {summary['final_bleu']['bleu']:.2f} ({config.train.final_bleu})"
     if summary.get("interrupted"):
         line += f"; stopped by {summary['interrupted']}, rerun the same command to resume"
+    if summary.get("stopped_by"):
+        line += f"; stopped by the {summary['stopped_by']}"
     print(line + f"; workdir {args.workdir}")
-    return 0
+    return SIGNAL_EXIT_CODES.get(summary.get("interrupted"), 0)  # a script running us must stop too
+
+
+# 128 + the signal number, as shells report a process a signal stopped.
+SIGNAL_EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}
+
+
+def check_workdir(workdir: str, *, writable: bool) -> None:
+    """Fails at once (OSError with the fix) on a remote URL, a path that is a file, or one we cannot write."""
+    if "://" in str(workdir):
+        raise OSError(f"--workdir {workdir}: remote paths are not supported; use a local directory (e.g. a "
+                      f"mounted bucket) and copy the results.")
+    path = Path(workdir)
+    if path.exists() and not path.is_dir():
+        raise OSError(f"--workdir {workdir} is a file, not a directory; pass a directory.")
+    if writable:
+        existing = path if path.exists() else next(parent for parent in path.absolute().parents if parent.exists())
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise OSError(f"--workdir {workdir}: {existing} is not writable; fix its permissions or choose "
+                          f"another directory. Nothing was written.")
 
 
 # ------------------------------------------------------------------------- translate / evaluate / average
@@ -127,8 +155,8 @@ def _add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     paper = DecodeConfig()
     parser.add_argument("--workdir", required=True, help="the --workdir of a `transformer-jax train` run")
     parser.add_argument("--checkpoint", default=None,
-                        help="a step number, 'averaged' (see `average`), 'imported' (see `import-torch`), or nothing for the "
-                             "latest checkpoint")
+                        help="a step number, 'averaged' (see `average`), 'imported' (see `import-torch`), "
+                             "or nothing for the latest checkpoint")
     parser.add_argument("--greedy", action="store_true", help="greedy decoding instead of beam search")
     parser.add_argument("--beam-size", type=int, default=paper.beam_size, help="§6.1: 4")
     parser.add_argument("--alpha", type=float, default=paper.alpha, help="length penalty, §6.1: 0.6")
@@ -138,6 +166,7 @@ def _add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _translator(args: argparse.Namespace, **options):
+    """The Translator the decoding arguments describe (--workdir, --checkpoint, --greedy, --beam-size, ...)."""
     from transformer_jax.decoding import DecodeConfig
     from transformer_jax.translate import Translator
 
@@ -147,24 +176,61 @@ def _translator(args: argparse.Namespace, **options):
                                    **options)
 
 
-@register("translate", help="Translate stdin to stdout, line by line, with a trained workdir.")
+@register("translate", help="Translate text line by line with a trained workdir (stdin/stdout by default).")
 def _translate_command(parser: argparse.ArgumentParser) -> Handler:
     _add_decoding_arguments(parser)
+    parser.add_argument("--input", help="read source lines from this file (default: stdin)")
+    parser.add_argument("--output", help="write translations to this file (default: stdout)")
+    parser.add_argument("--nbest", type=int, default=1, help="hypotheses per line, best first (at most the beam)")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="batch by padded source tokens instead of --batch-size sentences")
+    parser.add_argument("--format", choices=("text", "tsv", "jsonl"), default="text",
+                        help="text: the best translation per line; tsv: line, rank, score, translation per "
+                             "hypothesis; jsonl: {source, hypotheses: [{text, score}]} per line")
     parser.add_argument("--on-too-long", choices=("truncate", "error"), default="truncate",
                         help="an input longer than the model's max_len: truncate with a warning, or stop")
     parser.add_argument("--chunk-lines", type=int, default=1000, help="lines read before a chunk is decoded")
+    parser.epilog = ("examples:\n"
+                     "  transformer-jax translate --workdir runs/tiny --checkpoint averaged < in.en > out.de\n"
+                     "  transformer-jax translate --workdir runs/tiny --input in.en --nbest 4 --format jsonl")
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     return _run_translate
+
+
+def _format_translation(number: int, source: str, hypotheses, fmt: str) -> str:
+    if fmt == "text":
+        return hypotheses[0].text + "\n"
+    if fmt == "tsv":
+        return "".join(f"{number}\t{rank}\t{h.score:.4f}\t{h.text}\n" for rank, h in enumerate(hypotheses, 1))
+    return json.dumps({"source": source, "hypotheses": [{"text": h.text, "score": h.score} for h in hypotheses]},
+                      ensure_ascii=False) + "\n"
 
 
 def _run_translate(args: argparse.Namespace) -> int:
     from transformer_jax.translate import InputTooLongError
 
+    if args.nbest > 1 and args.format == "text":
+        args.format = "tsv"  # several hypotheses need their rank and score
+    number = 0
     try:
-        translator = _translator(args, on_too_long=args.on_too_long)
-        for line in translator.translate_stream(sys.stdin, chunk_lines=args.chunk_lines, progress=True):
-            sys.stdout.write(line + "\n")
-            sys.stdout.flush()
-    except (FileNotFoundError, ValueError, InputTooLongError) as error:
+        translator = _translator(args, on_too_long=args.on_too_long, max_tokens=args.max_tokens)
+        with contextlib.ExitStack() as files:
+            source = files.enter_context(open(args.input, encoding="utf-8")) if args.input else sys.stdin
+            sink = files.enter_context(open(args.output, "w", encoding="utf-8")) if args.output else sys.stdout
+            stream = translator.translate_stream(source, chunk_lines=args.chunk_lines, nbest=args.nbest,
+                                                 progress=True)
+            for number, (line, hypotheses) in enumerate(stream, start=1):
+                sink.write(_format_translation(number, line, hypotheses, args.format))
+                sink.flush()
+    except UnicodeDecodeError as error:
+        print(f"error: input line {number + 1} is not UTF-8 ({error.reason} at byte {error.start}); the "
+              f"{number} lines before it were translated. Convert the input, e.g. "
+              f"iconv -f LATIN1 -t UTF-8 FILE.", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # the reader went away (e.g. `| head -1`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except (OSError, ValueError, InputTooLongError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0
@@ -193,27 +259,32 @@ def _evaluation_pairs(args: argparse.Namespace) -> tuple[str, list[tuple[str, st
             raise ValueError(f"{args.source_file} has {len(sources)} lines but {args.reference_file} has "
                              f"{len(references)}; they must pair up line by line.")
         return Path(args.source_file).stem, list(zip(sources, references))
+    import ml_collections
+
     from transformer_jax import checkpoint as ckpt
     from transformer_jax.experiment import make_source_from_config
 
-    import ml_collections
-
     data = ml_collections.ConfigDict(ckpt.load_config(args.workdir)["data"])
-    return args.split, list(make_source_from_config(data).pairs(args.split))
+    return args.split, list(make_source_from_config(data, splits=(args.split,)).pairs(args.split))
 
 
 def _run_evaluate(args: argparse.Namespace) -> int:
+    from transformer_jax import checkpoint as ckpt
     from transformer_jax.evaluation import evaluate_pairs
 
     try:
+        check_workdir(args.workdir, writable=True)  # eval/ is written after decoding: fail now, not then
         name, pairs = _evaluation_pairs(args)
+        if not pairs:
+            raise ValueError(f"nothing to score: {name} has no sentence pairs (empty files?).")
         translator = _translator(args)
-    except (FileNotFoundError, ValueError) as error:
+    except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     method = "greedy" if args.greedy else f"beam{args.beam_size}-alpha{args.alpha}"
     started = time.perf_counter()
-    evaluation = evaluate_pairs(translator, pairs, progress=True)
+    target_lang = ckpt.load_config(args.workdir)["data"].get("target_lang")
+    evaluation = evaluate_pairs(translator, pairs, progress=True, moses_lang=target_lang)
     seconds = time.perf_counter() - started
     label = f"{name}.{args.checkpoint or 'latest'}.{method}"
     out_dir = Path(args.workdir) / "eval"
@@ -239,6 +310,19 @@ def _average_command(parser: argparse.ArgumentParser) -> Handler:
 def _run_average(args: argparse.Namespace) -> int:
     from transformer_jax import checkpoint as ckpt
 
+    if args.last < 1:
+        print(f"error: --last {args.last}: give how many of the latest checkpoints to average (1 or more).",
+              file=sys.stderr)
+        return 2
+    try:
+        check_workdir(args.workdir, writable=True)
+    except OSError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    if not (Path(args.workdir) / ckpt.CHECKPOINT_DIR).is_dir():
+        print(f"error: {Path(args.workdir) / ckpt.CHECKPOINT_DIR} not found: is {args.workdir} the --workdir of a "
+              f"`transformer-jax train` run?", file=sys.stderr)
+        return 1
     try:
         checkpointer = ckpt.Checkpointer(args.workdir, keep=None, async_save=False)
         steps = checkpointer.all_steps()[-args.last:]
@@ -292,10 +376,11 @@ def _run_import_torch(args: argparse.Namespace) -> int:
     from transformer_jax.interop import import_torch_state_dict
 
     try:
+        check_workdir(args.workdir, writable=True)
         model_config = ckpt.model_config_from_workdir(args.workdir)
         params = import_torch_state_dict(args.input, model_config)
         directory = ckpt.save_named_params(args.workdir, "imported", params, steps=[])
-    except (FileNotFoundError, ValueError, ImportError) as error:
+    except (OSError, ValueError, ImportError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(f"imported {args.input} into {directory}; use it with --checkpoint imported")
@@ -305,9 +390,16 @@ def _run_import_torch(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------- main
 
 
+def _version() -> str:
+    from transformer_jax import __version__
+
+    return __version__
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     parser = argparse.ArgumentParser(prog="transformer-jax", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("--compilation-cache", metavar="DIR|off", default=None,
                         help="persistent XLA compilation cache: a second run of the same config skips compiling "
                              "(default: $TRANSFORMER_JAX_COMPILATION_CACHE or ~/.cache/transformer_jax/xla)")

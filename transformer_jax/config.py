@@ -68,7 +68,7 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
 
-    def replace(self, **changes) -> "ModelConfig":
+    def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
     def _validate(self) -> None:

@@ -22,11 +22,13 @@ With nothing set and no cluster detected, `initialize` does nothing (one process
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
-from typing import Any, Mapping, NamedTuple, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -81,7 +83,7 @@ def _field(section: Any, name: str, default: Any = None) -> Any:
     if section is None:
         return default
     if isinstance(section, Mapping) or hasattr(section, "keys"):
-        value = section[name] if name in section.keys() else default
+        value = section[name] if name in section.keys() else default  # noqa: SIM118 - any mapping-like
     else:
         value = getattr(section, name, default)
     return default if value in ("", None) else value
@@ -323,10 +325,8 @@ def _check_agreement(cfg: DistributedConfig) -> str | None:
 
 
 def _shutdown_quietly() -> None:
-    try:
+    with contextlib.suppress(Exception):  # best effort, the real error is being reported
         jax.distributed.shutdown()
-    except Exception:  # noqa: BLE001 -- best effort, the real error is being reported
-        pass
 
 
 def shutdown() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 from transformer_jax.metrics import Scores, score
 from transformer_jax.translate import Translator
@@ -24,10 +24,11 @@ class Evaluation:
         return "\n".join(lines)
 
 
-def evaluate_pairs(translator: Translator, pairs: Sequence[tuple[str, str]], *, progress: bool = False
-                   ) -> Evaluation:
-    """Translates the source side of `pairs` and scores it against the raw target side with sacreBLEU."""
+def evaluate_pairs(translator: Translator, pairs: Sequence[tuple[str, str]], *, progress: bool = False,
+                   moses_lang: str | None = None) -> Evaluation:
+    """Translates the source side of `pairs` and scores it against the raw target side with sacreBLEU
+    (with `moses_lang`, the target language, also the Moses-tokenized lowercased BLEU; metrics.score)."""
     sources = [source for source, _ in pairs]
     references = [target for _, target in pairs]
     hypotheses = translator.translate(sources, progress=progress)
-    return Evaluation(score(hypotheses, references), sources, references, hypotheses)
+    return Evaluation(score(hypotheses, references, moses_lang=moses_lang), sources, references, hypotheses)

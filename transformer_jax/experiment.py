@@ -22,8 +22,9 @@ import ast
 import dataclasses
 import importlib.util
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import jax.numpy as jnp
 import ml_collections
@@ -123,6 +124,10 @@ def load_config_file(path: str | Path) -> ml_collections.ConfigDict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} not found; e.g. --config experiments/tiny.py")
+    if path.suffix == ".json":  # a workdir's config.json: replay that run's settings
+        config = ml_collections.ConfigDict(_lists_as_tuples(json.loads(path.read_text())))
+        config.lock()
+        return config
     spec = importlib.util.spec_from_file_location(f"_experiment_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -131,6 +136,13 @@ def load_config_file(path: str | Path) -> ml_collections.ConfigDict:
     config = module.get_config()
     config.lock()
     return config
+
+
+def _lists_as_tuples(value: Any) -> Any:
+    """JSON has lists where configs hold tuples (bucket_boundaries, ...)."""
+    if isinstance(value, dict):
+        return {key: _lists_as_tuples(item) for key, item in value.items()}
+    return tuple(value) if isinstance(value, list) else value
 
 
 def _parse_value(text: str, current: Any, field: str) -> Any:
@@ -306,8 +318,40 @@ def resolved_config_dict(config: ml_collections.ConfigDict, model_cfg: ModelConf
     return out
 
 
-def make_source_from_config(data: ml_collections.ConfigDict):
-    """The parallel-text source of the `data` section; a missing file of a directory source fails here."""
+# Fields a resumed run may not change: they define the model or the data stream the checkpoint continues.
+RESUME_FIXED = ("model.", "data.source", "data.options.", "data.source_lang", "data.target_lang", "data.vocab_size",
+                "data.tokenizer_", "data.tokens_per_batch", "data.max_len", "data.pack", "data.bucket_boundaries",
+                "train.seed", "train.accum_steps")
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def resume_changes(saved: dict, new: dict) -> tuple[list[str], list[str]]:
+    """(refused, allowed): 'field: old → new' lines between a workdir's config.json and the new resolved config.
+
+    Refused changes alter the model or the data stream the checkpoint continues (RESUME_FIXED); the others
+    (schedule, intervals, steps, budget, decoding, mesh, ...) are allowed and reported.
+    """
+    old, updated = _flatten(saved), _flatten(new)
+    refused, allowed = [], []
+    for field in sorted(set(old) | set(updated)):
+        before, after = old.get(field, "(unset)"), updated.get(field, "(unset)")
+        if before != after:
+            line = f"{field}: {before!r} → {after!r}"
+            (refused if field.startswith(RESUME_FIXED) else allowed).append(line)
+    return refused, allowed
+
+
+def make_source_from_config(data: ml_collections.ConfigDict, splits: tuple[str, ...] = ("train", "validation")):
+    """The parallel-text source of the `data` section; a missing file of `splits` (directory sources) fails here."""
     from transformer_jax.data.sources import make_source
 
     options = dict(data.options.to_dict()) if data.options else {}
@@ -318,9 +362,20 @@ def make_source_from_config(data: ml_collections.ConfigDict):
     if data.source != "builtin":
         options.setdefault("source_lang", data.source_lang)
         options.setdefault("target_lang", data.target_lang)
-    source = make_source(data.source, **options)
+    try:
+        source = make_source(data.source, **options)
+    except TypeError as error:  # an unknown or misspelt name in data.options
+        raise ConfigError(f"data.options: {error}") from None
     if data.source in SOURCES_WITH_DIRECTORY:  # fail now, naming the missing file, not after tokenizer training
-        for split in ("train", "validation"):
+        for split in splits:
             for lang in (source.source_lang, source.target_lang):
                 source.path(split, lang)
     return source
+
+
+def check_splits_not_empty(source) -> None:
+    """Training needs a pair in 'train' (the tokenizer learns from it) and in 'validation'; checked before any work."""
+    for split, field in (("train", "data.path / data.source"), ("validation", "data.path / data.source")):
+        if next(iter(source.pairs(split)), None) is None:
+            raise ConfigError(f"the {split} split of data.source={source.__class__.__name__} has no sentence pairs "
+                              f"(empty files, or every pair skipped as empty or too long); check {field}.")

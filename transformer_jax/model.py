@@ -5,7 +5,7 @@ Parameter names are stable: they are checkpoint keys and the map to PyTorch (int
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -159,9 +159,17 @@ class Transformer(nn.Module):
         self.encoder = Encoder(cfg, embedding=source_embedding)
         self.decoder = Decoder(cfg, embedding=target_embedding)
 
+    def _check_length(self, name: str, tokens) -> None:
+        """Positions index a table of max_len rows (§3.5): a longer input would read past it."""
+        if tokens.shape[-1] > self.config.max_len:
+            raise ValueError(
+                f"{name} has length {tokens.shape[-1]}, longer than ModelConfig.max_len={self.config.max_len} "
+                f"(the position table); truncate or split the input, or use a model with a larger max_len.")
+
     def encode(self, inputs, inputs_positions=None, inputs_segmentation=None, deterministic: bool = True):
         """inputs: [batch, src_len] ids (pad_id = padding) -> [batch, src_len, d_model]."""
         cfg = self.config
+        self._check_length("inputs", inputs)
         mask = combine_masks(
             padding_mask(inputs, inputs, cfg.pad_id),
             None if inputs_segmentation is None else segment_mask(inputs_segmentation, inputs_segmentation),
@@ -176,6 +184,7 @@ class Transformer(nn.Module):
         With decode=True, decoder_inputs is one step [batch, 1] and the 'cache' collection is mutable.
         """
         cfg = self.config
+        self._check_length("decoder_inputs", decoder_inputs)
         if decode:
             self_mask = None  # the cache masks the positions not yet written
             cross_mask = (inputs != cfg.pad_id)[:, None, None, :]  # [batch, 1, 1, src_len]
@@ -197,7 +206,8 @@ class Transformer(nn.Module):
 
     def __call__(self, inputs, decoder_inputs, inputs_positions=None, targets_positions=None,
                  inputs_segmentation=None, targets_segmentation=None, deterministic: bool = True):
-        """Teacher-forced logits [batch, tgt_len, vocab] for inputs [batch, src_len], decoder_inputs [batch, tgt_len]."""
+        """Teacher-forced logits [batch, tgt_len, vocab] for inputs [batch, src_len], decoder_inputs [batch, tgt_len].
+        """
         encoded = self.encode(inputs, inputs_positions, inputs_segmentation, deterministic)
         return self.decode(encoded, inputs, decoder_inputs, targets_positions, inputs_segmentation,
                            targets_segmentation, deterministic)

@@ -13,7 +13,8 @@ train/pmap_step.py, multi-host start-up and process-local batches in distributed
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -143,7 +144,7 @@ def _get(section: Any, name: str, default: Any) -> Any:
     if section is None:
         return default
     if isinstance(section, Mapping) or hasattr(section, "keys"):
-        return section[name] if name in section.keys() else default
+        return section[name] if name in section.keys() else default  # noqa: SIM118 - any mapping-like
     return getattr(section, name, default)
 
 

@@ -80,9 +80,9 @@ def main():
         distributed.shutdown()
         return
 
+    import flax.linen as nn
     import numpy as np
     import optax
-    import flax.linen as nn
 
     from transformer_jax import parallel
     from transformer_jax.checkpoint import Checkpointer

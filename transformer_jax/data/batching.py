@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 

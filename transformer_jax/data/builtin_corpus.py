@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Callable, Iterator, NamedTuple
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 from transformer_jax.data.pairs import Pair, check_split
 

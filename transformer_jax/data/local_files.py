@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import itertools
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import IO, Iterator, Mapping
+from typing import IO
 
 from transformer_jax.data.pairs import SPLITS, Pair, SkipCounts, check_split, filter_pairs
 
@@ -38,7 +39,8 @@ def read_lines(path: Path) -> Iterator[str]:
             except UnicodeDecodeError as error:
                 raise ValueError(
                     f"{path}, line {line_number}: not valid UTF-8 ({error.reason} at byte {error.start} "
-                    f"of the line). Re-encode the file as UTF-8, e.g. with `iconv -t UTF-8`."
+                    f"of the line). Re-encode the file as UTF-8, e.g. `iconv -f LATIN1 -t UTF-8 {path.name} > "
+                    f"{path.name}.utf8` (-f names its real encoding)."
                 ) from error
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Iterable, Iterator, Protocol
+from collections.abc import Iterable, Iterator
+from typing import Protocol
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 from transformer_jax.data.builtin_corpus import BuiltinCorpusSource
 from transformer_jax.data.local_files import MULTI30K_SPLIT_PREFIXES, LocalFilesSource

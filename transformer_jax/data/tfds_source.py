@@ -10,7 +10,7 @@ the direction here is set only by `source_lang` / `target_lang`, the feature key
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator
+from collections.abc import Iterator
 
 from transformer_jax.data.pairs import Pair, SkipCounts, check_split, filter_pairs
 

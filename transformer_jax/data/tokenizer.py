@@ -16,8 +16,8 @@ import os
 import random
 import re
 import tempfile
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import sentencepiece as spm
 
@@ -37,7 +37,7 @@ class Tokenizer:
         self.eos_id, self.unk_id = processor.eos_id(), processor.unk_id()
 
     @classmethod
-    def from_bytes(cls, model: bytes) -> "Tokenizer":
+    def from_bytes(cls, model: bytes) -> Tokenizer:
         return cls(spm.SentencePieceProcessor(model_proto=model))
 
     @property
@@ -150,7 +150,7 @@ def load_or_train_tokenizer(
         tokenizer.check_special_ids(**special_ids)
         if tokenizer.vocab_size != vocab_size:
             raise ValueError(f"{path} has {tokenizer.vocab_size} pieces, but vocab_size={vocab_size} was asked "
-                             f"for. Use a fresh directory or set vocab_size={tokenizer.vocab_size}.")
+                             f"for. Use a fresh --workdir or set --config.data.vocab_size={tokenizer.vocab_size}.")
         logger.info("Loaded the SentencePiece model %s (%d pieces).", path, tokenizer.vocab_size)
         return tokenizer
     sentences = balanced_sample(pairs, max_sentences, seed)

@@ -21,7 +21,8 @@ batch-sharded cache keeps them on one device); search arrays are [batch, beam, .
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
@@ -30,11 +31,23 @@ from jax import lax
 from jax.sharding import Mesh
 
 from transformer_jax import parallel
-
-from transformer_jax.decoding.cache import (Cache, StepFn, as_params, constrain_cache, gather_beams, init_cache,
-                                            reorder_cache, transformer_step_fn)
-from transformer_jax.decoding.config import (NEG_INF, DecodeConfig, length_penalty, per_sentence_limits,
-                                             resolve_max_decode_len)
+from transformer_jax.decoding.cache import (
+    Cache,
+    StepFn,
+    as_params,
+    constrain_cache,
+    gather_beams,
+    init_cache,
+    reorder_cache,
+    transformer_step_fn,
+)
+from transformer_jax.decoding.config import (
+    NEG_INF,
+    DecodeConfig,
+    length_penalty,
+    per_sentence_limits,
+    resolve_max_decode_len,
+)
 
 
 class BeamState(NamedTuple):

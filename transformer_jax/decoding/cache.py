@@ -12,7 +12,8 @@ in greedy.py and beam.py consume; they never look inside the model.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -31,9 +32,8 @@ SOURCE_LEAVES = ("memory_key", "memory_value")
 def as_params(params):
     """Accepts `params`, `{'params': params}`, boxed (nn.with_logical_partitioning) or plain; returns plain."""
     params = nn.unbox(params)
-    if isinstance(params, dict) or hasattr(params, "keys"):
-        if set(params.keys()) == {"params"}:
-            params = params["params"]
+    if (isinstance(params, dict) or hasattr(params, "keys")) and set(params.keys()) == {"params"}:
+        params = params["params"]
     return params
 
 

@@ -35,7 +35,7 @@ class DecodeConfig:
         if self.gather not in ("take", "one_hot"):
             raise ValueError(f"DecodeConfig.gather={self.gather!r} is unknown; use 'take' or 'one_hot'.")
 
-    def replace(self, **changes) -> "DecodeConfig":
+    def replace(self, **changes) -> DecodeConfig:
         return dataclasses.replace(self, **changes)
 
 

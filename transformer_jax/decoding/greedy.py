@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
@@ -12,11 +13,8 @@ from jax import lax
 from jax.sharding import Mesh
 
 from transformer_jax import parallel
-
-from transformer_jax.decoding.cache import (Cache, StepFn, as_params, constrain_cache, init_cache,
-                                            transformer_step_fn)
-from transformer_jax.decoding.config import (NEG_INF, DecodeConfig, per_sentence_limits,
-                                             resolve_max_decode_len)
+from transformer_jax.decoding.cache import Cache, StepFn, as_params, constrain_cache, init_cache, transformer_step_fn
+from transformer_jax.decoding.config import NEG_INF, DecodeConfig, per_sentence_limits, resolve_max_decode_len
 
 
 class GreedyState(NamedTuple):
@@ -84,8 +82,8 @@ def _greedy_decode(model: nn.Module, params, inputs, *, max_decode_len: int, ext
 
 
 def greedy_decode(model: nn.Module, params, inputs: jnp.ndarray, *, max_decode_len: int | None = None,
-                  config: DecodeConfig | None = None, mesh: Mesh | None = None, rules: parallel.Rules = parallel.DEFAULT_RULES,
-                  return_log_probs: bool = False):
+                  config: DecodeConfig | None = None, mesh: Mesh | None = None,
+                  rules: parallel.Rules = parallel.DEFAULT_RULES, return_log_probs: bool = False):
     """Greedy translation of `inputs` [batch, src_len] (pad_id = padding) with a Transformer.
 
     Each sentence stops at EOS or at its own limit, source length + config.extra_length (§6.1), within the

@@ -9,7 +9,7 @@ from jax import lax
 
 from transformer_jax.config import ModelConfig
 from transformer_jax.layers.init import bias_init, kernel_init
-from transformer_jax.layers.linear import dense, dense_dot_general
+from transformer_jax.layers.linear import dense_dot_general
 from transformer_jax.layers.masks import combine_masks
 
 
@@ -67,52 +67,25 @@ def dot_product_attention(
                        dropout_rng=dropout_rng, deterministic=deterministic)
 
 
-class HeadProjection(nn.Module):
-    """The weights of one of the Q, K, V projections: kernel [d_model, heads, head_dim] (+ bias [heads, head_dim]).
-
-    Only the parameters live here (initialised as DenseGeneral does: Glorot-uniform over the flat
-    [d_model, heads * head_dim] matrix); MultiHeadAttention applies several of them in one matmul.
-    """
-
-    config: ModelConfig
-
-    @nn.compact
-    def __call__(self) -> tuple[jnp.ndarray, jnp.ndarray | None]:
-        cfg = self.config
-        shape = (cfg.d_model, cfg.num_heads, cfg.head_dim)
-
-        def flat_kernel_init(rng, shape, dtype):
-            kernel = kernel_init(("embed", "heads", "kv"))(rng, (shape[0], shape[1] * shape[2]), dtype)
-            return nn.meta.replace_boxed(kernel, jnp.reshape(kernel.unbox(), shape))
-
-        kernel = self.param("kernel", flat_kernel_init, shape, cfg.param_dtype)
-        bias = (self.param("bias", bias_init(("heads", "kv")), shape[1:], cfg.param_dtype)
-                if cfg.attention_bias else None)
-        return kernel, bias
-
-
 class MultiHeadAttention(nn.Module):
     """h parallel heads of width d_k = d_model / h with separate Q, K, V, O projections (§3.2.2).
 
-    `attn(x)` is self-attention, `attn(x, memory)` is cross-attention. The projections that read the same
-    input run as one matmul (Q, K, V of self-attention; K, V of the memory), with the parameters kept as the
-    paper's separate matrices `query`, `key`, `value`. With `decode=True`, self-attention appends this step's
-    key/value to a cache of the full decode length, and cross-attention projects the memory's keys/values
-    once and reuses them at every later step ('cache' collection). The attention weights are sown into the
-    'intermediates' collection when it is mutable.
+    `attn(x)` is self-attention, `attn(x, memory)` is cross-attention. With `decode=True`, self-attention
+    appends this step's key/value to a cache of the full decode length, and cross-attention projects the
+    memory's keys/values once and reuses them at every later step ('cache' collection). The attention
+    weights are sown into the 'intermediates' collection when it is mutable.
     """
 
     config: ModelConfig
 
-    def _project(self, inputs: jnp.ndarray, names: tuple[str, ...]) -> tuple[jnp.ndarray, ...]:
-        """[batch, length, d_model] -> one [batch, length, heads, head_dim] per projection name, in one matmul."""
+    def _projection(self, name: str) -> nn.DenseGeneral:
         cfg = self.config
-        weights = [HeadProjection(cfg, name=name)() for name in names]
-        kernel = jnp.concatenate([k for k, _ in weights], axis=1).astype(cfg.dtype)  # [d_model, n*heads, head_dim]
-        projected = dense(inputs.astype(cfg.dtype), kernel)  # [batch, length, n*heads, head_dim]
-        if cfg.attention_bias:
-            projected = projected + jnp.concatenate([b for _, b in weights], axis=0).astype(cfg.dtype)
-        return tuple(jnp.split(projected, len(names), axis=2))
+        return nn.DenseGeneral(
+            features=(cfg.num_heads, cfg.head_dim), use_bias=cfg.attention_bias, name=name,
+            dtype=cfg.dtype, param_dtype=cfg.param_dtype, dot_general=dense_dot_general,
+            kernel_init=kernel_init(("embed", "heads", "kv")),
+            bias_init=bias_init(("heads", "kv")),
+        )
 
     @nn.compact
     def __call__(
@@ -124,16 +97,16 @@ class MultiHeadAttention(nn.Module):
         decode: bool = False,
     ) -> jnp.ndarray:
         cfg = self.config
-        if inputs_kv is None:  # self-attention
-            query, key, value = self._project(inputs_q, ("query", "key", "value"))  # [batch, len, heads, head_dim]
+        is_self_attention = inputs_kv is None
+        query = self._projection("query")(inputs_q)  # [batch, q_len, heads, head_dim]
+        if decode and not is_self_attention:
+            key, value = self._cached_memory(inputs_kv)
+        else:
+            source = inputs_q if is_self_attention else inputs_kv
+            key = self._projection("key")(source)  # [batch, kv_len, heads, head_dim]
+            value = self._projection("value")(source)
             if decode:
                 key, value, mask = self._append_to_cache(key, value, mask)
-        else:
-            (query,) = self._project(inputs_q, ("query",))  # [batch, q_len, heads, head_dim]
-            if decode:
-                key, value = self._cached_memory(inputs_kv)
-            else:
-                key, value = self._project(inputs_kv, ("key", "value"))  # [batch, kv_len, heads, head_dim]
         dropout_rng = None
         if not deterministic and cfg.attention_dropout_rate > 0.0:
             dropout_rng = self.make_rng("dropout")
@@ -142,8 +115,8 @@ class MultiHeadAttention(nn.Module):
         attended = read_values(weights, value, dropout_rate=cfg.attention_dropout_rate,
                                dropout_rng=dropout_rng, deterministic=deterministic)  # [batch, q_len, heads, head_dim]
         return nn.DenseGeneral(
-            features=cfg.d_model, axis=(-2, -1), use_bias=cfg.attention_bias, name="out", dot_general=dense_dot_general,
-            dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+            features=cfg.d_model, axis=(-2, -1), use_bias=cfg.attention_bias, name="out",
+            dtype=cfg.dtype, param_dtype=cfg.param_dtype, dot_general=dense_dot_general,
             kernel_init=kernel_init(("heads", "kv", "embed")),
             bias_init=bias_init(("embed",)),
         )(attended)  # [batch, q_len, d_model]
@@ -152,7 +125,8 @@ class MultiHeadAttention(nn.Module):
         """Cross-attention keys/values of the encoder output, projected on the first call only."""
         if self.has_variable("cache", "memory_key"):
             return self.get_variable("cache", "memory_key"), self.get_variable("cache", "memory_value")
-        key, value = self._project(memory, ("key", "value"))  # [batch, src_len, heads, head_dim]
+        key = self._projection("key")(memory)  # [batch, src_len, heads, head_dim]
+        value = self._projection("value")(memory)
         self.put_variable("cache", "memory_key", key)
         self.put_variable("cache", "memory_value", value)
         return key, value

@@ -38,12 +38,14 @@ _dense.defvjp(_dense_fwd, _dense_bwd)
 
 
 def dense_dot_general(x, kernel, dimension_numbers, precision=None, preferred_element_type=None):
-    """`dot_general` for nn.Dense / nn.DenseGeneral (the last dims of x with the first of kernel) via `dense`."""
+    """`dot_general` for nn.Dense / nn.DenseGeneral (`dot_general=dense_dot_general`) that routes the usual
+    contraction (the last dims of x with the first of the kernel, no batch dims) through `dense`; any other
+    contraction goes to lax.dot_general unchanged. precision / preferred_element_type (None in Flax's layers)
+    only apply to that fallback."""
     (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
     n = len(lhs_contract)
     if (lhs_batch or rhs_batch or tuple(lhs_contract) != tuple(range(x.ndim - n, x.ndim))
             or tuple(rhs_contract) != tuple(range(n))):
         return jax.lax.dot_general(x, kernel, dimension_numbers, precision, preferred_element_type)
     d_in = int(np.prod(kernel.shape[:n]))
-    out = dense(x.reshape(x.shape[:x.ndim - n] + (d_in,)), kernel.reshape((d_in,) + kernel.shape[n:]))
-    return out
+    return dense(x.reshape(x.shape[:x.ndim - n] + (d_in,)), kernel.reshape((d_in,) + kernel.shape[n:]))

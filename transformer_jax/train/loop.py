@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import collections
 import functools
+import json
 import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import ml_collections
@@ -34,11 +36,13 @@ from transformer_jax.accounting import count_parameters
 from transformer_jax.config import ModelConfig
 from transformer_jax.experiment import (
     ConfigError,
+    check_splits_not_empty,
     complete_config,
     decode_config,
     make_source_from_config,
     model_config,
     resolved_config_dict,
+    resume_changes,
     validate_config,
 )
 from transformer_jax.model import Transformer
@@ -128,6 +132,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path,
     data_cfg, train_cfg = config.data, config.train
     workdir = Path(workdir)
     source = make_source_from_config(data_cfg)
+    check_splits_not_empty(source)
     try:
         mesh = parallel.make_mesh({axis: config.mesh[axis] for axis in parallel.MESH_AXES})
         rules = tuple(parallel.rules_from_config(config.mesh, mesh))
@@ -157,11 +162,13 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path,
     checkpointer = ckpt.Checkpointer(workdir, keep=train_cfg.keep_checkpoints,
                                      async_save=train_cfg.async_checkpoints)
     try:
-        latest = checkpointer.latest_step()
-        if latest is not None:
-            checkpointer.check_compatible(latest, compiled.abstract)  # before anything in the workdir is overwritten
+        resolved = json.loads(json.dumps(resolved_config_dict(config, model_cfg), default=list))
+        restored = None
+        if checkpointer.latest_step() is not None:  # before anything in the workdir is overwritten
+            _check_resumable(workdir, resolved)
+            restored = checkpointer.restore_newest_intact(compiled.abstract)
         if is_main:
-            ckpt.save_config(workdir, resolved_config_dict(config, model_cfg))
+            ckpt.save_config(workdir, resolved)
 
         shard = distributed.data_shard(mesh, rules)
         boundaries = tuple(data_cfg.bucket_boundaries) or None
@@ -178,8 +185,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path,
             valid = valid[:data_cfg.max_eval_batches]
 
         timings["data"] = time.perf_counter() - started - sum(timings.values())
-        if latest is not None:
-            state, data_state = checkpointer.restore(latest, compiled.abstract)
+        if restored is not None:
+            latest, state, data_state = restored
             batches.restore(data_state["batches"])
             logger.info("Resumed from %s at update %d.", checkpointer.directory / str(latest), latest)
         else:
@@ -198,6 +205,19 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path,
     plot = plot_curves(workdir) if is_main else None
     summary["plot"] = str(plot) if plot else None
     return summary
+
+
+def _check_resumable(workdir: Path, resolved: dict) -> None:
+    """Refuses a resume whose config changes the model or the data stream; reports the allowed changes."""
+    if not (workdir / ckpt.CONFIG_FILENAME).is_file():
+        return
+    refused, allowed = resume_changes(ckpt.load_config(workdir), resolved)
+    if refused:
+        raise ConfigError(f"{workdir} holds a run whose checkpoint does not continue with this config; changed:\n  "
+                          + "\n  ".join(refused) + "\nUse the run's own settings (--config "
+                          f"{workdir / ckpt.CONFIG_FILENAME} replays them) or a fresh --workdir. Nothing was changed.")
+    if allowed:
+        logger.warning("resuming with changed settings: %s", "; ".join(allowed))
 
 
 class _StopRequest:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -49,7 +49,7 @@ class ProgressLog:
             return
         from tensorboardX import SummaryWriter
 
-        self.file = open(workdir / METRICS_FILENAME, "a")
+        self.file = open(workdir / METRICS_FILENAME, "a")  # noqa: SIM115 - open for the run, closed by close()
         self.writer = SummaryWriter(str(workdir / TENSORBOARD_DIR))
         if progress:
             from tqdm.auto import tqdm

@@ -14,7 +14,8 @@ this micro-batch contributes to, grad_norm of the applied mean gradient (0 on a 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp

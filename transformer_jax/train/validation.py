@@ -6,7 +6,8 @@ rows of every validation batch, and only process 0 decodes for BLEU.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 from jax.sharding import Mesh
