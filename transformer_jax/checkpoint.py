@@ -284,6 +284,27 @@ def average_params(workdir: str | Path, steps: list[int] | None = None, last: in
         checkpointer.close()
 
 
+def average_last(workdir: str | Path, last: int) -> tuple[list[int], Path]:
+    """Averages the `last` most recent checkpoints into {workdir}/averaged (`--checkpoint averaged`).
+
+    Returns (the steps averaged, the directory written); fewer than `last` checkpoints average what exists,
+    with a warning.
+    """
+    if last < 1:
+        raise ValueError(f"last={last}: average 1 or more of the latest checkpoints.")
+    if not (Path(workdir) / CHECKPOINT_DIR).is_dir():
+        raise FileNotFoundError(f"{Path(workdir) / CHECKPOINT_DIR} not found: is {workdir} the --workdir of a "
+                                f"`transformer-jax train` run?")
+    checkpointer = Checkpointer(workdir, keep=None, async_save=False)
+    try:
+        steps = checkpointer.all_steps()[-last:]
+    finally:
+        checkpointer.close()
+    if len(steps) < last:
+        logger.warning("only %d checkpoints in %s; averaging %s.", len(steps), workdir, steps)
+    return steps, save_named_params(workdir, "averaged", average_params(workdir, steps=steps), steps)
+
+
 def save_named_params(workdir: str | Path, name: str, params: Any, steps: list[int]) -> Path:
     """Writes a named parameter set (NAMED_PARAMS) to {workdir}/{name}, and {name}.json with the steps it
     came from (none for imported parameters)."""

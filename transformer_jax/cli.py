@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -270,7 +269,7 @@ def _evaluation_pairs(args: argparse.Namespace) -> tuple[str, list[tuple[str, st
 
 def _run_evaluate(args: argparse.Namespace) -> int:
     from transformer_jax import checkpoint as ckpt
-    from transformer_jax.evaluation import evaluate_pairs
+    from transformer_jax.evaluation import evaluate_pairs, save_evaluation
 
     try:
         check_workdir(args.workdir, writable=True)  # eval/ is written after decoding: fail now, not then
@@ -287,16 +286,12 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     evaluation = evaluate_pairs(translator, pairs, progress=True, moses_lang=target_lang)
     seconds = time.perf_counter() - started
     label = f"{name}.{args.checkpoint or 'latest'}.{method}"
-    out_dir = Path(args.workdir) / "eval"
-    out_dir.mkdir(exist_ok=True)
-    (out_dir / f"{label}.txt").write_text("".join(line + "\n" for line in evaluation.hypotheses))
-    result = dict(dataclasses.asdict(evaluation.scores), split=name, checkpoint=args.checkpoint or "latest",
-                  method=method, seconds=seconds, sentences_per_sec=len(pairs) / seconds)
-    (out_dir / f"{label}.json").write_text(json.dumps(result, indent=2))
+    saved = save_evaluation(args.workdir, label, evaluation, split=name, checkpoint=args.checkpoint or "latest",
+                            method=method, seconds=seconds, sentences_per_sec=len(pairs) / seconds)
     print(evaluation.samples(args.samples))
     print(f"{name} ({args.checkpoint or 'latest'} checkpoint, {method}): {evaluation.scores.summary()}")
     print(f"decoded {len(pairs)} sentences in {seconds:.1f} s ({len(pairs) / seconds:.1f} sentences/s); "
-          f"hypotheses and scores in {out_dir}/{label}.*")
+          f"hypotheses and scores in {saved.with_suffix('')}.*")
     return 0
 
 
@@ -319,18 +314,8 @@ def _run_average(args: argparse.Namespace) -> int:
     except OSError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    if not (Path(args.workdir) / ckpt.CHECKPOINT_DIR).is_dir():
-        print(f"error: {Path(args.workdir) / ckpt.CHECKPOINT_DIR} not found: is {args.workdir} the --workdir of a "
-              f"`transformer-jax train` run?", file=sys.stderr)
-        return 1
     try:
-        checkpointer = ckpt.Checkpointer(args.workdir, keep=None, async_save=False)
-        steps = checkpointer.all_steps()[-args.last:]
-        checkpointer.close()
-        if len(steps) < args.last:
-            print(f"warning: only {len(steps)} checkpoints in {args.workdir}; averaging {steps}", file=sys.stderr)
-        params = ckpt.average_params(args.workdir, steps=steps)
-        directory = ckpt.save_named_params(args.workdir, "averaged", params, steps)
+        steps, directory = ckpt.average_last(args.workdir, args.last)
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

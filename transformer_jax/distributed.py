@@ -1,10 +1,10 @@
-"""Multi-host start-up, and each process's share of the global batch (docs/SCALING.md).
+"""Multi-host start-up (docs/SCALING.md); each process's share of the global batch is in parallel.py.
 
     info = distributed.initialize(config.distributed)     # FIRST, before any other JAX call
     mesh = parallel.make_mesh(dict(config.mesh))          # over jax.devices(): every process's devices
-    shard_index, shard_count = distributed.data_shard(mesh, rules)   # -> TrainBatches(shard_index=, shard_count=)
-    batch = distributed.global_batch(local_batch, mesh, rules)      # process-local rows -> global jax.Arrays
-    rows = distributed.local_rows(eval_batch, shard_index, shard_count)  # own rows of a batch all processes hold
+    shard_index, shard_count = parallel.data_shard(mesh, rules)   # -> TrainBatches(shard_index=, shard_count=)
+    batch = parallel.global_batch(local_batch, mesh, rules)      # process-local rows -> global jax.Arrays
+    rows = parallel.local_rows(eval_batch, shard_index, shard_count)  # own rows of a batch all processes hold
 
 Settings come from the config section (any of dict / ml_collections.ConfigDict / DistributedConfig), then from
 the environment, then from JAX's cluster auto-detection (Cloud TPU pods, SLURM, Open MPI, ...):
@@ -31,10 +31,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
-import numpy as np
-from jax.sharding import Mesh
-
-from transformer_jax import parallel
 
 logger = logging.getLogger(__name__)
 
@@ -333,60 +329,3 @@ def shutdown() -> None:
     """Leaves the distributed run (waits for the other processes); a no-op for one process."""
     if jax.distributed.is_initialized():
         jax.distributed.shutdown()
-
-
-# ---------------------------------------------------------------------------------------------- data
-
-
-def data_shard(mesh: Mesh, rules: parallel.Rules = parallel.DEFAULT_RULES) -> tuple[int, int]:
-    """(shard_index, shard_count) of this process's rows of every global batch.
-
-    The global batch is split over the mesh's batch axes; this process holds the rows of its own devices, which
-    must form one contiguous block (true for `parallel.make_mesh`, whose devices are ordered by process). Feed the
-    pair to `data.batching.TrainBatches(shard_index=, shard_count=)`: it yields rows
-    [index * rows / count, (index + 1) * rows / count) of each global batch, which is this block.
-    Processes that hold the same rows (a tensor axis spanning hosts) get the same index and must read the same data.
-    """
-    sharding = parallel.batch_sharding(mesh, rules)
-    spec = sharding.spec[0] if len(sharding.spec) else None
-    names = () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
-    shards = int(np.prod([mesh.shape[name] for name in names])) if names else 1
-    index_map = sharding.addressable_devices_indices_map((shards, 1))
-    rows = sorted({(index[0].start or 0) for index in index_map.values()})
-    if rows != list(range(rows[0], rows[0] + len(rows))):
-        raise ValueError(f"the batch rows of process {jax.process_index()} ({rows}) are not contiguous on the mesh "
-                         f"{dict(mesh.shape)}; order the mesh's devices by process (parallel.make_mesh does).")
-    count = shards // len(rows)
-    return rows[0] // len(rows), count
-
-
-def local_rows(batch: Mapping[str, np.ndarray], shard_index: int, shard_count: int) -> dict:
-    """Rows [index * rows / count, (index + 1) * rows / count) of a batch that every process holds whole (e.g. a
-    validation batch): this process's part of it, for `global_batch`."""
-    out = {}
-    for name, value in batch.items():
-        rows = value.shape[0]
-        if rows % shard_count:
-            raise ValueError(f"batch[{name!r}] has {rows} rows, not a multiple of the {shard_count} data shards.")
-        size = rows // shard_count
-        out[name] = value[shard_index * size:(shard_index + 1) * size]
-    return out
-
-
-def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh,
-                 rules: parallel.Rules = parallel.DEFAULT_RULES) -> dict:
-    """This process's rows (from `data_shard`) -> global jax.Arrays sharded over the batch axes.
-
-    Every process must call it with the same shapes.
-    """
-    sharding = parallel.batch_sharding(mesh, rules)
-    out = {}
-    for name, value in local_batch.items():
-        value = np.asarray(value)
-        try:
-            out[name] = jax.make_array_from_process_local_data(sharding, value)
-        except ValueError as error:
-            raise ValueError(f"batch[{name!r}] of local shape {value.shape} does not fit the batch sharding "
-                             f"{sharding.spec} over {dict(mesh.shape)} on process {jax.process_index()} "
-                             f"of {jax.process_count()}: {error}") from error
-    return out

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
+from pathlib import Path
 
 from transformer_jax.metrics import Scores, score
 from transformer_jax.translate import Translator
@@ -32,3 +34,17 @@ def evaluate_pairs(translator: Translator, pairs: Sequence[tuple[str, str]], *, 
     references = [target for _, target in pairs]
     hypotheses = translator.translate(sources, progress=progress)
     return Evaluation(score(hypotheses, references, moses_lang=moses_lang), sources, references, hypotheses)
+
+
+EVAL_DIR = "eval"
+
+
+def save_evaluation(workdir: str | Path, label: str, evaluation: Evaluation, **details) -> Path:
+    """Writes {workdir}/eval/{label}.txt (the hypotheses, one per line) and {label}.json (the scores with
+    `details`, e.g. split, checkpoint, method, timing); returns the JSON path."""
+    directory = Path(workdir) / EVAL_DIR
+    directory.mkdir(exist_ok=True)
+    (directory / f"{label}.txt").write_text("".join(line + "\n" for line in evaluation.hypotheses), encoding="utf-8")
+    path = directory / f"{label}.json"
+    path.write_text(json.dumps(dict(dataclasses.asdict(evaluation.scores), **details), indent=2))
+    return path

@@ -8,7 +8,8 @@ and every sharding in the training step is derived from it, so a new parallelism
 
 Rule tables: DEFAULT_RULES (data parallel), FSDP_RULES, TENSOR_RULES, FSDP_TENSOR_RULES (`make_rules`,
 `rules_for_mesh`, `rules_from_config`); decode-cache shardings: `decode_cache_shardings`. The pmap step lives in
-train/pmap_step.py, multi-host start-up and process-local batches in distributed.py (docs/SCALING.md).
+train/pmap_step.py, multi-host start-up in distributed.py; `data_shard`, `local_rows`, `global_batch` (below) give each
+process its rows of a global batch (docs/SCALING.md).
 """
 
 from __future__ import annotations
@@ -61,6 +62,11 @@ def make_mesh(shape: Mapping[str, int] | None = None, devices: Sequence[jax.Devi
             f"but {len(devices)} are visible; set the sizes so their product is {len(devices)} (or use -1)."
         )
     return Mesh(np.asarray(devices).reshape(sizes), MESH_AXES)
+
+
+def mesh_axis_names(entry: Any) -> tuple[str, ...]:
+    """The mesh axes of one PartitionSpec entry: None -> (), 'data' -> ('data',), ('data', 'fsdp') as is."""
+    return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 def logical_sharding(mesh: Mesh, logical_axes: Sequence[str | None], rules: Rules = DEFAULT_RULES) -> NamedSharding:
@@ -194,7 +200,7 @@ def check_model_fits_mesh(model_cfg: Any, mesh: Mesh, rules: Rules = DEFAULT_RUL
     problems = []
     for name, size in logical_axis_sizes(model_cfg).items():
         spec = nn.logical_to_mesh_axes((name,), rules)[0]
-        axes = () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
+        axes = mesh_axis_names(spec)
         shards = int(np.prod([mesh.shape[axis] for axis in axes])) if axes else 1
         if size % shards:
             problems.append(f"'{name}' (size {size}) is split over mesh axes {axes} of total size {shards}")
@@ -228,7 +234,7 @@ def decode_cache_shardings(cache: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES)
         axes = CACHE_KV_AXES if len(shape) == 4 else ("batch",) + (None,) * (len(shape) - 1)
         spec = []
         for size, entry in zip(shape, nn.logical_to_mesh_axes(axes, rules)):
-            names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+            names = mesh_axis_names(entry)
             shards = int(np.prod([mesh.shape[name] for name in names])) if names else 1
             spec.append(entry if size % shards == 0 else None)
         return NamedSharding(mesh, PartitionSpec(*spec))
@@ -244,3 +250,60 @@ def per_device_bytes(tree: Any) -> dict[str, int]:
             key = str(shard.device)
             totals[key] = totals.get(key, 0) + int(shard.data.size) * shard.data.dtype.itemsize
     return totals
+
+
+# ------------------------------------------------------------------------------------- batches over processes
+
+
+def data_shard(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> tuple[int, int]:
+    """(shard_index, shard_count) of this process's rows of every global batch.
+
+    The global batch is split over the mesh's batch axes; this process holds the rows of its own devices, which
+    must form one contiguous block (true for `parallel.make_mesh`, whose devices are ordered by process). Feed the
+    pair to `data.batching.TrainBatches(shard_index=, shard_count=)`: it yields rows
+    [index * rows / count, (index + 1) * rows / count) of each global batch, which is this block.
+    Processes that hold the same rows (a tensor axis spanning hosts) get the same index and must read the same data.
+    """
+    sharding = batch_sharding(mesh, rules)
+    spec = sharding.spec[0] if len(sharding.spec) else None
+    names = mesh_axis_names(spec)
+    shards = int(np.prod([mesh.shape[name] for name in names])) if names else 1
+    index_map = sharding.addressable_devices_indices_map((shards, 1))
+    rows = sorted({(index[0].start or 0) for index in index_map.values()})
+    if rows != list(range(rows[0], rows[0] + len(rows))):
+        raise ValueError(f"the batch rows of process {jax.process_index()} ({rows}) are not contiguous on the mesh "
+                         f"{dict(mesh.shape)}; order the mesh's devices by process (parallel.make_mesh does).")
+    count = shards // len(rows)
+    return rows[0] // len(rows), count
+
+
+def local_rows(batch: Mapping[str, np.ndarray], shard_index: int, shard_count: int) -> dict:
+    """Rows [index * rows / count, (index + 1) * rows / count) of a batch that every process holds whole (e.g. a
+    validation batch): this process's part of it, for `global_batch`."""
+    out = {}
+    for name, value in batch.items():
+        rows = value.shape[0]
+        if rows % shard_count:
+            raise ValueError(f"batch[{name!r}] has {rows} rows, not a multiple of the {shard_count} data shards.")
+        size = rows // shard_count
+        out[name] = value[shard_index * size:(shard_index + 1) * size]
+    return out
+
+
+def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh,
+                 rules: Rules = DEFAULT_RULES) -> dict:
+    """This process's rows (from `data_shard`) -> global jax.Arrays sharded over the batch axes.
+
+    Every process must call it with the same shapes.
+    """
+    sharding = batch_sharding(mesh, rules)
+    out = {}
+    for name, value in local_batch.items():
+        value = np.asarray(value)
+        try:
+            out[name] = jax.make_array_from_process_local_data(sharding, value)
+        except ValueError as error:
+            raise ValueError(f"batch[{name!r}] of local shape {value.shape} does not fit the batch sharding "
+                             f"{sharding.spec} over {dict(mesh.shape)} on process {jax.process_index()} "
+                             f"of {jax.process_count()}: {error}") from error
+    return out

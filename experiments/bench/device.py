@@ -62,7 +62,7 @@ def main(argv=None) -> dict:
     import numpy as np
 
     from transformer_jax import config as presets
-    from transformer_jax import distributed, parallel
+    from transformer_jax import parallel
     from transformer_jax.accounting import forward_flops
     from transformer_jax.decoding import beam_search, greedy_decode
     from transformer_jax.experiment import default_config
@@ -97,7 +97,7 @@ def main(argv=None) -> dict:
         targets = rng.integers(3, vocab, (rows, args.length)).astype(np.int32)  # [rows, length]
         batch = {"inputs": rng.integers(3, vocab, (rows, args.length)).astype(np.int32), "targets": targets,
                  "decoder_inputs": np.concatenate([np.full((rows, 1), cfg.bos_id, np.int32), targets[:, :-1]], 1)}
-        batch = distributed.global_batch(batch, mesh, parallel.DEFAULT_RULES)
+        batch = parallel.global_batch(batch, mesh, parallel.DEFAULT_RULES)
         tx, schedule = make_optimizer(train_cfg, cfg.d_model)
         state, shardings, _ = create_train_state(cfg, tx, 0, mesh)
         step = jit_train_step(make_train_step(Transformer(cfg), tx, schedule,

@@ -5,7 +5,7 @@
 
 It joins the run with transformer_jax.distributed.initialize (before any other JAX use), builds a mesh over all
 processes' devices (fsdp over every device: the parameters are split across processes), reads only its own rows
-of every global batch (data.batching.TrainBatches with shard_index / shard_count from distributed.data_shard),
+of every global batch (data.batching.TrainBatches with shard_index / shard_count from parallel.data_shard),
 assembles global arrays with jax.make_array_from_process_local_data, trains with the jitted step up to update
 --stop-at (resuming from the latest checkpoint in --workdir, if any), saves an orbax checkpoint from all
 processes, and reports the loss sums of its steps; --params writes this process's shards of the final parameters.
@@ -98,7 +98,7 @@ def main():
     tx = optax.sgd(schedule)  # updates linear in the gradient: differences measure the arithmetic (see parallel_layouts)
     mesh = parallel.make_mesh({"data": 1, "fsdp": -1})
     rules = parallel.rules_for_mesh(mesh)
-    shard_index, shard_count = distributed.data_shard(mesh, rules)
+    shard_index, shard_count = parallel.data_shard(mesh, rules)
     batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
     batches = TrainBatches(synthetic_pairs(), tokens_per_batch=96, max_len=12, bucket_boundaries=(12,),
                            batch_multiple=batch_shards, seed=0, shard_index=shard_index, shard_count=shard_count)
@@ -120,7 +120,7 @@ def main():
     update = int(jax.device_get(state.step))
     while update < args.stop_at:
         local = next(batches)
-        batch = distributed.global_batch(local, mesh, rules)
+        batch = parallel.global_batch(local, mesh, rules)
         state, metrics = step_fn(state, batch)
         update += 1
         steps.append({"step": update, "local_rows": int(local["inputs"].shape[0]),

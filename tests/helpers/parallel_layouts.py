@@ -34,7 +34,7 @@ from transformer_jax import parallel  # noqa: E402
 from transformer_jax.config import tiny  # noqa: E402
 from transformer_jax.model import Transformer  # noqa: E402
 from transformer_jax.train.optimizer import make_optimizer, transformer_schedule  # noqa: E402
-from transformer_jax.train.pmap_step import make_runner  # noqa: E402
+from transformer_jax.train.runner import make_runner  # noqa: E402
 from transformer_jax.train.state import boxed_init_fn, create_train_state  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*donated buffers.*")

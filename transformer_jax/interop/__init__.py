@@ -1,7 +1,9 @@
 """Bridges to other frameworks. Importing this package never needs them.
 
-- `transformer_jax.interop.torch`: a PyTorch reference of the same model built on `torch.nn` Transformer
-  layers, and exact parameter conversion both ways (needs the extra: `pip install 'transformer-jax[torch]'`).
+- `transformer_jax.interop.torch_reference`: a PyTorch reference of the same model built on `torch.nn`
+  Transformer layers, and its greedy decoder;
+- `transformer_jax.interop.torch`: exact parameter conversion both ways (and the reference, re-exported).
+Both need the extra: `pip install 'transformer-jax[torch]'`.
 
 The names below are loaded from `transformer_jax.interop.torch` on first use, so
 `from transformer_jax.interop import export_torch_state_dict` works, and fails with an install hint only

@@ -47,12 +47,12 @@ from transformer_jax.experiment import (
 )
 from transformer_jax.model import Transformer
 from transformer_jax.train.optimizer import make_optimizer
-from transformer_jax.train.pmap_step import StepRunner, make_runner
 from transformer_jax.train.progress import (
     ProgressLog,
     plot_curves,
     summarize_train_metrics,
 )
+from transformer_jax.train.runner import StepRunner, make_runner
 from transformer_jax.train.state import TrainState, state_initializer
 from transformer_jax.train.step import (
     FAST_COMPILE_OPTIONS,
@@ -170,7 +170,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path,
         if is_main:
             ckpt.save_config(workdir, resolved)
 
-        shard = distributed.data_shard(mesh, rules)
+        shard = parallel.data_shard(mesh, rules)
         boundaries = tuple(data_cfg.bucket_boundaries) or None
         special_ids = dict(pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
         batches = TrainBatches(
@@ -192,8 +192,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path,
         else:
             state = compiled.init(jax.random.PRNGKey(train_cfg.seed))
         micro_step = int(jax.device_get(state.step))
-        log = ProgressLog(workdir, micro_step // train_cfg.accum_steps, train_cfg.steps, bool(train_cfg.progress),
-                          write=is_main)
+        total = None if train_cfg.max_minutes else train_cfg.steps  # a budgeted run stops when time is up
+        log = ProgressLog(workdir, micro_step // train_cfg.accum_steps, total, bool(train_cfg.progress),
+                          write=is_main, started=started)
         try:
             loop = _Loop(config, model_cfg, tokenizer, compiled, checkpointer, batches, valid, valid_pairs, mesh,
                          rules, shard, log, on_update)

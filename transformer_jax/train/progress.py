@@ -1,6 +1,7 @@
 """What a training run reports: metrics.jsonl, TensorBoard events, a tqdm bar, and the curves PNG.
 
-Rows of {workdir}/metrics.jsonl are {"kind": ..., "step": update, ...values}, kinds:
+Rows of {workdir}/metrics.jsonl are {"kind": ..., "step": update, "elapsed_s": seconds since this `train` command
+started (tokenizer and compiling included), ...values}, kinds:
 
   train       means since the previous train row: loss, nll, perplexity, accuracy, learning_rate, grad_norm,
               tokens_per_sec (source + target tokens of all processes, padding excluded)
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -43,7 +45,11 @@ class ProgressLog:
     write=False (processes other than 0 of a multi-process run): every method does nothing.
     """
 
-    def __init__(self, workdir: Path, start: int, total: int, progress: bool, write: bool = True):
+    def __init__(self, workdir: Path, start: int, total: int | None, progress: bool, write: bool = True,
+                 started: float | None = None):
+        """total: the update the run stops at (None: unknown, e.g. a time budget); started: perf_counter() at the
+        start of the run (default now)."""
+        self.started = time.perf_counter() if started is None else started
         self.file = self.writer = self.bar = None
         if not write:
             return
@@ -60,7 +66,8 @@ class ProgressLog:
         """One metrics.jsonl row; numeric values also go to TensorBoard as "{kind}/{name}"."""
         if self.file is None:
             return
-        self.file.write(json.dumps({"kind": kind, "step": step, **values}) + "\n")
+        elapsed = round(time.perf_counter() - self.started, 2)
+        self.file.write(json.dumps({"kind": kind, "step": step, "elapsed_s": elapsed, **values}) + "\n")
         self.file.flush()
         for key, value in values.items():
             if isinstance(value, (int, float)):

@@ -12,7 +12,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from transformer_jax import distributed, parallel
+from transformer_jax import parallel
 from transformer_jax.config import ModelConfig
 from transformer_jax.decoding import DecodeConfig
 from transformer_jax.evaluation import evaluate_pairs
@@ -28,7 +28,7 @@ def validation_loss(eval_step: Callable, params: Any, batches: Sequence[dict], m
     batches: whole (global) host batches; shard: this process's (shard_index, shard_count) of their rows.
     """
     totals = {"loss": 0.0, "nll": 0.0, "correct": 0.0, "tokens": 0.0}
-    outputs = [eval_step(params, distributed.global_batch(distributed.local_rows(batch, *shard), mesh, rules))
+    outputs = [eval_step(params, parallel.global_batch(parallel.local_rows(batch, *shard), mesh, rules))
                for batch in batches]
     for sums in jax.device_get(outputs):
         for key in totals:
