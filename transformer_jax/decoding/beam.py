@@ -167,12 +167,12 @@ def _beam_search(model: nn.Module, params, inputs, *, beam_size: int, alpha: flo
                  extra_length: int, one_hot: bool, early_stopping: bool, mesh: Mesh | None, rules):
     cfg = model.config
     encoded = model.apply({"params": params}, inputs, method="encode")  # [batch, src_len, d_model]
-    # The encoder runs once per sentence; its output is repeated for the hypotheses.
-    flat_encoded = _repeat_for_beams(encoded, beam_size)  # [batch * beam, src_len, d_model]
+    # The encoder runs once per sentence, and its cross-attention keys/values are stored once per sentence and
+    # shared by its hypotheses (layers.attention groups the query rows); only the source ids are repeated.
     flat_inputs = _repeat_for_beams(inputs, beam_size)  # [batch * beam, src_len]
-    cache = init_cache(model, params, flat_encoded, flat_inputs, max_decode_len)
+    cache = init_cache(model, params, encoded, flat_inputs, max_decode_len)
     return beam_search_core(
-        transformer_step_fn(model, params, flat_encoded, flat_inputs), cache, batch_size=inputs.shape[0],
+        transformer_step_fn(model, params, encoded, flat_inputs), cache, batch_size=inputs.shape[0],
         beam_size=beam_size, alpha=alpha, max_decode_len=max_decode_len,
         max_lengths=per_sentence_limits(inputs, cfg.pad_id, extra_length, max_decode_len),
         bos_id=cfg.bos_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id, one_hot=one_hot,

@@ -3,7 +3,7 @@
 Layout (Flax 'cache' collection, one subtree per decoder layer `decoder/layer_i`):
   self_attention/cached_key, cached_value   [batch, max_decode_len, heads, head_dim]  grows one step per call
   self_attention/cache_index                []                                        next write position
-  cross_attention/memory_key, memory_value  [batch, src_len, heads, head_dim]         computed once per source
+  cross_attention/memory_key, memory_value  [sources, src_len, heads, head_dim]       computed once per source
   decoder/position                          []                                        next target position
 
 A step function `step_fn(tokens [n], cache) -> (logits [n, vocab] float32, cache)` is what the searches
@@ -40,12 +40,14 @@ def as_params(params):
 def init_cache(model: nn.Module, params, encoded: jnp.ndarray, inputs: jnp.ndarray, max_decode_len: int) -> Cache:
     """A fresh cache for `max_decode_len` target steps; cross-attention keys/values of `encoded` filled in.
 
-    encoded: [batch, src_len, d_model] from Transformer.encode; inputs: [batch, src_len] source ids.
-    The call runs the decoder once on a [batch, max_decode_len] dummy target only to size the cache; under
+    encoded: [sources, src_len, d_model] from Transformer.encode; inputs: [rows, src_len] source ids, one row
+    per decoded sequence: rows = sources, or sources * beam with each source repeated for its hypotheses (the
+    memory keys/values are then stored once per source and shared, see layers.attention).
+    The call runs the decoder once on a [rows, max_decode_len] dummy target only to size the cache; under
     jit its logits are unused and XLA drops that work (only the memory key/value projections remain).
     """
-    batch = encoded.shape[0]
-    dummy = jnp.zeros((batch, max_decode_len), jnp.int32)  # [batch, max_decode_len]
+    rows = inputs.shape[0]
+    dummy = jnp.zeros((rows, max_decode_len), jnp.int32)  # [rows, max_decode_len]
     _, variables = model.apply({"params": params}, encoded, inputs, dummy, decode=True,
                                method="decode", mutable=["cache"])
     return variables["cache"]
@@ -107,8 +109,8 @@ def reorder_cache(cache: Cache, indices: jnp.ndarray, *, one_hot: bool = False) 
     """Reorders the per-hypothesis rows of a flattened beam cache: leaves [batch * old_beam, ...] ->
     [batch * new_beam, ...] with row (b, j) taken from (b, indices[b, j]).
 
-    Scalars (cache_index, position) are shared by all rows and stay; cross-attention memory_key/value are
-    identical for all hypotheses of a source (new_beam must equal old_beam), so they are not moved.
+    Scalars (cache_index, position) are shared by all rows and stay; cross-attention memory_key/value hold one
+    row per source, shared by its hypotheses, so they are not moved.
     """
     batch, new_beam = indices.shape
 

@@ -16,12 +16,18 @@ from transformer_jax.layers.masks import combine_masks
 def attention_weights(query: jnp.ndarray, key: jnp.ndarray, mask: jnp.ndarray | None = None) -> jnp.ndarray:
     """softmax(Q K^T / sqrt(d_k)) in float32, masked before the softmax.
 
-    query: [batch, q_len, heads, head_dim]; key: [batch, kv_len, heads, head_dim];
-    mask: boolean, broadcastable to [batch, heads, q_len, kv_len], True = may attend.
+    query: [batch, q_len, heads, head_dim]; key: [batch, kv_len, heads, head_dim], or [batch / g, kv_len, ...]
+    shared by g consecutive query rows (the hypotheses of one source in beam search, so the encoder's keys are
+    stored once per source); mask: boolean, broadcastable to [batch, heads, q_len, kv_len], True = may attend.
     Returns [batch, heads, q_len, kv_len]; a row with no allowed key is all zeros (never NaN).
     """
     head_dim = query.shape[-1]
-    scores = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32)
+    if key.shape[0] == query.shape[0]:
+        scores = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32)
+    else:
+        grouped = query.reshape((key.shape[0], -1) + query.shape[1:])  # [sources, g, q_len, heads, head_dim]
+        scores = jnp.einsum("bgqhd,bkhd->bghqk", grouped, key, preferred_element_type=jnp.float32)
+        scores = scores.reshape((query.shape[0],) + scores.shape[2:])
     scores = scores / jnp.sqrt(jnp.float32(head_dim))  # [batch, heads, q_len, kv_len]
     if mask is None:
         return jax.nn.softmax(scores, axis=-1)
@@ -40,12 +46,18 @@ def read_values(
 ) -> jnp.ndarray:
     """Weighted sum of values, with optional dropout on the weights (not in the paper; off by default).
 
-    weights: [batch, heads, q_len, kv_len]; value: [batch, kv_len, heads, head_dim] -> [batch, q_len, heads, head_dim].
+    weights: [batch, heads, q_len, kv_len]; value: [batch, kv_len, heads, head_dim] (or shared by groups of rows,
+    as in `attention_weights`) -> [batch, q_len, heads, head_dim].
     """
     if not deterministic and dropout_rate > 0.0:
         keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
         weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
-    return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(value.dtype), value)
+    weights = weights.astype(value.dtype)
+    if value.shape[0] == weights.shape[0]:
+        return jnp.einsum("bhqk,bkhd->bqhd", weights, value)
+    grouped = weights.reshape((value.shape[0], -1) + weights.shape[1:])  # [sources, g, heads, q_len, kv_len]
+    out = jnp.einsum("bghqk,bkhd->bgqhd", grouped, value)
+    return out.reshape((weights.shape[0],) + out.shape[2:])
 
 
 def dot_product_attention(
