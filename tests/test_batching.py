@@ -181,3 +181,26 @@ def test_eval_batches_keep_order_and_truncate():
             assert batch["inputs"][row, : len(source)].tolist() == source
             assert not batch["inputs"][row, len(source):].any()
     assert seen == list(range(len(pairs)))
+
+
+def test_base_config_batches_hold_about_25k_real_tokens_a_side():
+    """§5.1: ~25000 source and ~25000 target tokens per batch. tokens_per_batch counts padded positions, so
+    experiments/base.py sets more; checked on generated pairs with WMT14-like BPE lengths (lognormal around 24
+    source tokens, targets ~10% longer, tails to 256)."""
+    import itertools
+
+    from transformer_jax import cli
+
+    config = cli.load_experiment("experiments/base.py")
+    rng = np.random.default_rng(0)
+    source_lengths = np.clip(rng.lognormal(np.log(24), 0.55, 40_000).astype(int), 1, 300)
+    target_lengths = np.clip((source_lengths * rng.normal(1.1, 0.15, source_lengths.size)).astype(int), 1, 300)
+    pairs = [([5] * s, [6] * t) for s, t in zip(source_lengths, target_lengths)]
+    batches = TrainBatches(pairs, tokens_per_batch=config.data.tokens_per_batch, max_len=config.data.max_len,
+                           bucket_boundaries=tuple(config.data.bucket_boundaries) or None)
+    sample = list(itertools.islice(batches, 60))
+    source = np.mean([(batch["inputs"] != 0).sum() for batch in sample])
+    target = np.mean([(batch["targets"] != 0).sum() for batch in sample])
+    assert 22_500 <= source <= 27_500 and 22_500 <= target <= 27_500, (source, target)
+    slots = np.mean([batch["inputs"].size for batch in sample])
+    assert slots <= config.data.tokens_per_batch  # the padded budget is never exceeded
