@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -86,7 +87,12 @@ def _train_command(parser: argparse.ArgumentParser) -> Handler:
     parser.add_argument("--config", required=True, help="experiment file with get_config(), e.g. experiments/tiny.py")
     parser.add_argument("--workdir", required=True, help="run directory; an existing one is resumed")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    parser.epilog = "Override any config field with --config.section.field=value, e.g. --config.train.steps=100."
+    parser.epilog = ("Override any config field with --config.section.field=value, e.g. --config.train.steps=100.\n"
+                     "examples:\n"
+                     "  transformer-jax train --config experiments/tiny.py --workdir runs/tiny\n"
+                     "  transformer-jax train --config experiments/multi30k.py --workdir runs/m30k "
+                     "--config.data.path=data/multi30k --config.train.max_minutes=60\n"
+                     "  transformer-jax train --config runs/tiny/config.json --workdir runs/tiny  # replay, resume")
     return _run_train
 
 
@@ -151,16 +157,15 @@ def check_workdir(workdir: str, *, writable: bool) -> None:
 def _add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     from transformer_jax.decoding import DecodeConfig
 
-    paper = DecodeConfig()
     parser.add_argument("--workdir", required=True, help="the --workdir of a `transformer-jax train` run")
     parser.add_argument("--checkpoint", default=None,
                         help="a step number, 'averaged' (see `average`), 'imported' (see `import-torch`), "
                              "or nothing for the latest checkpoint")
     parser.add_argument("--greedy", action="store_true", help="greedy decoding instead of beam search")
-    parser.add_argument("--beam-size", type=int, default=paper.beam_size, help="§6.1: 4")
-    parser.add_argument("--alpha", type=float, default=paper.alpha, help="length penalty, §6.1: 0.6")
-    parser.add_argument("--extra-length", type=int, default=paper.extra_length,
-                        help="output length limit = source length + this (§6.1: 50)")
+    for field in dataclasses.fields(DecodeConfig):  # --beam-size, --alpha, ...: one flag per DecodeConfig field
+        kind = type(field.default) if field.default is not None else int
+        parser.add_argument(f"--{field.name.replace('_', '-')}", type=kind, default=field.default,
+                            help=field.metadata.get("help"))
     parser.add_argument("--batch-size", type=int, default=32, help="sentences decoded together")
 
 
@@ -169,7 +174,8 @@ def _translator(args: argparse.Namespace, **options):
     from transformer_jax.decoding import DecodeConfig
     from transformer_jax.translate import Translator
 
-    decode_config = DecodeConfig(beam_size=args.beam_size, alpha=args.alpha, extra_length=args.extra_length)
+    fields = dataclasses.fields(DecodeConfig)
+    decode_config = DecodeConfig(**{field.name: getattr(args, field.name) for field in fields})
     return Translator.from_workdir(args.workdir, args.checkpoint, decode_config=decode_config,
                                    method="greedy" if args.greedy else "beam", batch_size=args.batch_size,
                                    **options)
@@ -192,7 +198,6 @@ def _translate_command(parser: argparse.ArgumentParser) -> Handler:
     parser.epilog = ("examples:\n"
                      "  transformer-jax translate --workdir runs/tiny --checkpoint averaged < in.en > out.de\n"
                      "  transformer-jax translate --workdir runs/tiny --input in.en --nbest 4 --format jsonl")
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     return _run_translate
 
 
@@ -391,9 +396,22 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     handlers = {}
     for name, command in COMMANDS.items():
-        sub = subparsers.add_parser(name, help=command.help, description=command.help)
+        sub = subparsers.add_parser(name, help=command.help, description=command.help,
+                                    formatter_class=argparse.RawDescriptionHelpFormatter)
         handlers[name] = command.declare(sub)
+        sub.epilog = sub.epilog or EXAMPLES.get(name)
     return parser, handlers
+
+
+EXAMPLES = {
+    "evaluate": "examples:\n"
+                "  transformer-jax evaluate --workdir runs/tiny --checkpoint averaged --split test\n"
+                "  transformer-jax evaluate --workdir runs/tiny --greedy --source-file in.en --reference-file ref.de",
+    "average": "examples:\n  transformer-jax average --workdir runs/tiny --last 5   # then --checkpoint averaged",
+    "export-torch": "examples:\n"
+                    "  transformer-jax export-torch --workdir runs/tiny --checkpoint averaged --output model.pt",
+    "import-torch": "examples:\n  transformer-jax import-torch --workdir runs/tiny --input model.pt",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

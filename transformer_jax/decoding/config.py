@@ -16,13 +16,17 @@ class DecodeConfig:
     """How to decode. §6.1: "beam search with a beam size of 4 and length penalty alpha = 0.6 ... maximum
     output length to input length + 50, but terminate early when possible"."""
 
-    beam_size: int = 4
-    alpha: float = 0.6  # GNMT length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha, |Y| counting the EOS
-    extra_length: int = 50  # per sentence: output length <= source length (non-pad tokens) + extra_length
-    max_decode_len: int | None = None  # static buffer; None: padded source width + extra_length
-    # How to reorder per-hypothesis arrays along the beam axis: 'take' (take_along_axis, a batched gather)
-    # or 'one_hot' (an einsum with one-hot selection matrices, t5x's choice for TPUs).
-    gather: str = "take"
+    # Each field's `help` is its command-line help (`--beam-size`, ... in translate / evaluate): a new decode
+    # option is one field here plus the code that uses it.
+    beam_size: int = dataclasses.field(default=4, metadata={"help": "hypotheses kept (§6.1: 4)"})
+    alpha: float = dataclasses.field(default=0.6, metadata={
+        "help": "GNMT length penalty ((5 + |Y|) / 6) ** alpha, |Y| counting the EOS (§6.1: 0.6)"})
+    extra_length: int = dataclasses.field(default=50, metadata={
+        "help": "per sentence: output length <= source length + this (§6.1: 50)"})
+    max_decode_len: int | None = dataclasses.field(default=None, metadata={
+        "help": "static output buffer (default: padded source width + extra length)"})
+    gather: str = dataclasses.field(default="take", metadata={
+        "help": "reordering hypotheses: 'take' (batched gather) or 'one_hot' (matmuls, t5x's choice on TPUs)"})
 
     def __post_init__(self):
         if not isinstance(self.beam_size, int) or self.beam_size < 1:

@@ -35,6 +35,7 @@ from transformer_jax import distributed, parallel
 from transformer_jax.accounting import count_parameters
 from transformer_jax.config import ModelConfig
 from transformer_jax.experiment import (
+    OPTIMIZER_DEFAULTS,
     ConfigError,
     check_splits_not_empty,
     complete_config,
@@ -63,7 +64,7 @@ from transformer_jax.train.validation import validation_bleu, validation_loss
 
 logger = logging.getLogger(__name__)
 
-OPTIMIZER_FIELDS = ("warmup_steps", "lr_scale", "adam_b1", "adam_b2", "adam_eps", "clip_grad_norm")
+OPTIMIZER_FIELDS = tuple(OPTIMIZER_DEFAULTS)  # the part of `train` the compiled step depends on
 MAX_IN_FLIGHT = 2  # dispatched steps whose metrics have not been fetched
 
 
