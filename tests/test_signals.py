@@ -10,6 +10,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,6 +22,31 @@ from transformer_jax import checkpoint as ckpt
 ROOT = Path(__file__).resolve().parents[1]
 TRIALS = 20
 pytestmark = pytest.mark.xdist_group("signals")
+
+
+class _Collector:
+    """Reads a process's stdout and stderr in threads; `training` is set once the loop has started."""
+
+    def __init__(self, process: subprocess.Popen):
+        self.lines: list[str] = []
+        self.training = threading.Event()
+        self.threads = [threading.Thread(target=self._read, args=(stream,), daemon=True)
+                        for stream in (process.stdout, process.stderr)]
+        for thread in self.threads:
+            thread.start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            self.lines.append(line)
+            if "time to first step" in line:
+                self.training.set()
+
+    def done(self) -> None:
+        for thread in self.threads:
+            thread.join(timeout=30)
+
+    def text(self) -> str:
+        return "".join(self.lines)
 
 
 def saved_steps(workdir: Path) -> list[int]:
@@ -47,13 +73,20 @@ def test_sigterm_at_random_moments_leaves_a_loadable_checkpoint(tmp_path):
     for trial in range(TRIALS):
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True)
-        time.sleep(rng.uniform(0.5, 9.0))
+        output = _Collector(process)
+        if trial % 2:  # anywhere in start-up or training
+            time.sleep(rng.uniform(0.2, 8.0))
+        else:  # surely inside the training loop: steps, and an asynchronous save every 2 updates
+            assert output.training.wait(timeout=180), (trial, output.text()[-2000:])
+            time.sleep(rng.uniform(0.0, 3.0))
         process.send_signal(signal.SIGTERM)
-        if trial % 4 == 3:  # a second signal while the first one's save is running
+        if trial % 4 == 2:  # a second signal while the first one's save is running
             time.sleep(rng.uniform(0.0, 0.5))
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
-        _, err = process.communicate(timeout=120)  # bounded: the hang of an orbax thread would fail here
+        process.wait(timeout=120)  # bounded: the hang of an orbax thread would fail here
+        output.done()
+        err = output.text()
         assert process.returncode in (143, -signal.SIGTERM), (trial, process.returncode, err[-2000:])
         assert "Traceback" not in err, (trial, err[-2000:])
         outcomes.append(process.returncode)
