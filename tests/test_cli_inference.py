@@ -64,7 +64,8 @@ def test_too_long_input_is_truncated_with_a_warning_or_refused(workdir, monkeypa
     assert "more than the model's max_len=32; truncated" in caplog.text
     code, out, err = run_cli(["translate", "--workdir", str(workdir), "--greedy", "--on-too-long", "error"],
                              stdin="a cat\n" + long_line + "\n", monkeypatch=monkeypatch, capsys=capsys)
-    assert code == 1 and "input line 2 has" in err and "max_len=32" in err and out == ""
+    assert code == 1 and "input line 2 has" in err and "max_len=32" in err
+    assert len(out.splitlines()) == 1  # the line before the refused one was translated and written
 
 
 def test_evaluate_scores_with_sacrebleu(workdir, tmp_path, monkeypatch, capsys):
@@ -200,3 +201,36 @@ def test_evaluate_with_empty_files_says_so(workdir, tmp_path, monkeypatch, capsy
     code, _, err = run_cli(["evaluate", "--workdir", str(workdir), "--source-file", str(empty),
                             "--reference-file", str(empty), "--greedy"], monkeypatch=monkeypatch, capsys=capsys)
     assert code == 1 and "no sentence pairs" in err and "Traceback" not in err
+
+
+def test_translate_into_a_closed_pipe_stops_quietly(workdir):
+    import subprocess
+
+    lines = "three small red cats\n" * 200
+    command = (f"set -o pipefail; {sys.executable} -m transformer_jax --compilation-cache off translate "
+               f"--workdir {workdir} --greedy --chunk-lines 1 | head -1")
+    proc = subprocess.run(["bash", "-c", command], input=lines, capture_output=True, text=True, timeout=300)
+    assert len(proc.stdout.splitlines()) == 1
+    assert proc.returncode == 141 and "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr
+
+
+def test_print_config_refuses_invalid_values(monkeypatch, capsys):
+    code, out, err = run_cli(["train", "--config", "experiments/tiny.py", "--workdir", "unused", "--print-config",
+                              "--config.train.label_smoothing=1.5"], monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 2 and "label_smoothing" in err and out == ""
+
+
+def test_evaluate_a_split_needs_only_that_split(tmp_path):
+    """`evaluate --split test` reads the run's data section for the test files only (the train files may be gone)."""
+    import ml_collections
+
+    from transformer_jax.experiment import make_source_from_config
+
+    for lang in ("en", "de"):
+        (tmp_path / f"test_2016_flickr.{lang}").write_text("three small red cats\n")
+    data = ml_collections.ConfigDict(dict(source="multi30k", path=str(tmp_path), source_lang="en", target_lang="de",
+                                          options={}))
+    source = make_source_from_config(data, splits=("test",))
+    assert list(source.pairs("test")) == [("three small red cats", "three small red cats")]
+    with pytest.raises(FileNotFoundError, match="train"):
+        make_source_from_config(data)  # training needs them, and says which is missing

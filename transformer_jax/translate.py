@@ -34,7 +34,11 @@ class Hypothesis(NamedTuple):
 
 
 class InputTooLongError(ValueError):
-    """A source sentence has more tokens than the model's position table allows."""
+    """A source sentence has more tokens than the model's position table allows (line_number: 1-based)."""
+
+    def __init__(self, message: str, line_number: int):
+        super().__init__(message)
+        self.line_number = line_number
 
 
 class Translator:
@@ -72,7 +76,8 @@ class Translator:
         if len(ids) > limit:
             message = (f"input line {line_number} has {len(ids)} tokens, more than the model's max_len={limit}")
             if self.on_too_long == "error":
-                raise InputTooLongError(message + "; shorten it, or allow truncation (--on-too-long truncate).")
+                raise InputTooLongError(message + "; shorten it, or allow truncation (--on-too-long truncate).",
+                                        line_number)
             logger.warning("%s; truncated to %d tokens.", message, limit)
             ids = ids[: limit - 1] + [self.model_config.eos_id]
         return ids
@@ -81,16 +86,17 @@ class Translator:
         """Translations of `lines`, in order; an empty (or blank) line gives an empty line."""
         return [hypotheses[0].text for hypotheses in self.translate_nbest(lines, progress=progress)]
 
-    def translate_nbest(self, lines: Sequence[str], *, nbest: int = 1, progress: bool = False
-                        ) -> list[list[Hypothesis]]:
+    def translate_nbest(self, lines: Sequence[str], *, nbest: int = 1, progress: bool = False,
+                        first_line: int = 1) -> list[list[Hypothesis]]:
         """The `nbest` best hypotheses of each line, best first, with scores (beam: log P / lp(|Y|), §6.1;
-        greedy: log P, one hypothesis). A blank line gives one empty hypothesis with score 0."""
+        greedy: log P, one hypothesis). A blank line gives one empty hypothesis with score 0. Messages number
+        the lines from `first_line`."""
         limit = 1 if self.method == "greedy" else self.decode_config.beam_size
         if not 1 <= nbest <= limit:
             why = "greedy decoding keeps one hypothesis" if self.method == "greedy" else "the beam size"
             raise ValueError(f"nbest={nbest} must lie in [1, {limit}] ({why}); raise --beam-size for more.")
         sources = [self.encode_source(line, number) if line.strip() else None
-                   for number, line in enumerate(lines, start=1)]
+                   for number, line in enumerate(lines, start=first_line)]
         outputs = [[Hypothesis("", 0.0)] for _ in lines]
         order = sorted((i for i, ids in enumerate(sources) if ids is not None), key=lambda i: len(sources[i]))
         bar = tqdm(total=len(order), unit="sent", disable=not progress, desc=f"{self.method} decode",
@@ -106,18 +112,28 @@ class Translator:
     def translate_stream(self, lines: Iterable[str], *, chunk_lines: int = 1000, nbest: int = 1,
                          progress: bool = False) -> Iterator[tuple[str, list[Hypothesis]]]:
         """(source line, n-best hypotheses) chunk by chunk (length-batched within each chunk), in input order."""
+        def translated(chunk: list[str], first: int):
+            try:
+                results = self.translate_nbest(chunk, nbest=nbest, progress=progress, first_line=first)
+            except InputTooLongError as error:  # refused line: the lines before it still come out, then the error
+                before = chunk[:error.line_number - first]
+                yield from zip(before, self.translate_nbest(before, nbest=nbest, progress=progress, first_line=first))
+                raise
+            yield from zip(chunk, results)
+
         chunk: list[str] = []
+        first = 1
         try:
             for line in lines:
                 chunk.append(line.rstrip("\n"))
                 if len(chunk) == chunk_lines:
-                    yield from zip(chunk, self.translate_nbest(chunk, nbest=nbest, progress=progress))
-                    chunk = []
+                    yield from translated(chunk, first)
+                    first, chunk = first + len(chunk), []
         except UnicodeDecodeError:  # bytes that are not UTF-8: the lines read before them still come out
-            yield from zip(chunk, self.translate_nbest(chunk, nbest=nbest, progress=progress))
+            yield from translated(chunk, first)
             raise
         if chunk:
-            yield from zip(chunk, self.translate_nbest(chunk, nbest=nbest, progress=progress))
+            yield from translated(chunk, first)
 
     def _width(self, length: int) -> int:
         return min(self.model_config.max_len, -(-length // WIDTH_MULTIPLE) * WIDTH_MULTIPLE)
