@@ -234,3 +234,13 @@ def test_evaluate_a_split_needs_only_that_split(tmp_path):
     assert list(source.pairs("test")) == [("three small red cats", "three small red cats")]
     with pytest.raises(FileNotFoundError, match="train"):
         make_source_from_config(data)  # training needs them, and says which is missing
+
+
+def test_import_torch_of_a_file_that_is_not_a_state_dict(workdir, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("torch")
+    bogus = tmp_path / "notes.txt"
+    bogus.write_text("not a checkpoint\n")
+    code, _, err = run_cli(["import-torch", "--workdir", str(workdir), "--input", str(bogus)],
+                           monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 1 and "not a state_dict file written by torch.save" in err
+    assert "weights_only=False" not in err and "Traceback" not in err

@@ -97,3 +97,9 @@ def test_every_kind_serves_every_split(tmp_path):
             "train": 5, "validation": 5, "test": 5})):
         for split in SPLITS:
             assert all(isinstance(text, str) and text for pair in source.pairs(split) for text in pair)
+
+
+def test_tfds_dataset_not_prepared_says_how_to_prepare_it(tmp_path):
+    pytest.importorskip("tensorflow_datasets")
+    with pytest.raises(FileNotFoundError, match=r"not prepared under .*tfds build wmt14_translate/de-en"):
+        next(make_source("tfds", data_dir=str(tmp_path / "empty")).pairs("train"))

@@ -271,3 +271,19 @@ def test_damaged_latest_checkpoint_falls_back_to_the_newest_intact_one(uninterru
     assert "damaged" in caplog.text
     assert (workdir / "checkpoints" / f"damaged_{STEPS}").is_dir()  # set aside, not deleted
     np.testing.assert_allclose(train_losses(workdir)[STEPS], train_losses(uninterrupted[0])[STEPS], atol=1e-6)
+
+
+def test_skipped_pairs_are_summarised_in_one_line(tmp_path, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    pairs = [pair for i in range(20) for pair in ((f"cat number {i}", f"Katze Nummer {i}"), ("", "leer"),
+                                                  (f"dog {i}", f"Hund {i}"))]
+    for split in ("train", "val"):
+        (data / f"{split}.en").write_text("".join(f"{en}\n" for en, _ in pairs))
+        (data / f"{split}.de").write_text("".join(f"{de}\n" for _, de in pairs))
+    overrides = [(key, value) for key, value in tiny_run_overrides(1, **NO_BLEU) if "split_sizes" not in key]
+    config = cli.load_experiment("experiments/multi30k.py", [*overrides, ("data.path", str(data)),
+                                                             ("data.vocab_size", "30")])
+    loop.train(config, tmp_path / "run")
+    out = capsys.readouterr().out
+    assert "skipped pairs: train 20 empty, 0 too long (kept 40); validation 20 empty" in out

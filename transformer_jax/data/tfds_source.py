@@ -42,13 +42,22 @@ class TfdsSource:
             raise ImportError(
                 "TfdsSource needs tensorflow-datasets: pip install tensorflow-datasets."
             ) from error
-        examples = tfds.data_source(
-            self.name,
-            split=split,
-            data_dir=self.data_dir,
-            download=self.download,
-            builder_kwargs={"file_format": "array_record"},
-        )
+        try:
+            examples = tfds.data_source(
+                self.name,
+                split=split,
+                data_dir=self.data_dir,
+                download=self.download,
+                builder_kwargs={"file_format": "array_record"},
+            )
+        except Exception as error:  # noqa: BLE001 - tfds raises several types for a dataset that is not there
+            where = self.data_dir or "~/tensorflow_datasets"
+            raise FileNotFoundError(
+                f"{self.name} split {split!r} is not prepared under {where} ({type(error).__name__}). Prepare it "
+                f"once (needs the network and TensorFlow): pip install tensorflow tensorflow-datasets; "
+                f"tfds build {self.name} --file_format=array_record --data_dir=DIR; then pass "
+                f"--config.data.path=DIR."
+            ) from None
         counts = self.skipped[split] = SkipCounts()
         yield from filter_pairs(self._select(examples), self.max_chars, counts, f"{self.name} {split}")
 

@@ -261,7 +261,15 @@ def import_torch_state_dict(path: str | os.PathLike, config: ModelConfig) -> dic
 
     Accepts a bare state_dict or a dict holding one under 'state_dict' (a common training checkpoint).
     """
-    loaded = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise
+    except Exception as error:  # noqa: BLE001 - unpickling errors come in several types
+        raise ConversionError(
+            f"{os.fspath(path)} is not a state_dict file written by torch.save ({type(error).__name__}); "
+            f"write one with torch.save(model.state_dict(), path). Only plain tensors are read (no code runs)."
+        ) from None
     if isinstance(loaded, Mapping) and "state_dict" in loaded and isinstance(loaded["state_dict"], Mapping):
         loaded = loaded["state_dict"]
     if not isinstance(loaded, Mapping):

@@ -185,6 +185,11 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path,
         if data_cfg.max_eval_batches:
             valid = valid[:data_cfg.max_eval_batches]
 
+        skipped = {split: counts for split, counts in getattr(source, "skipped", {}).items()
+                   if counts.empty or counts.too_long}
+        if skipped and is_main:
+            print("skipped pairs: " + "; ".join(f"{split} {c.empty} empty, {c.too_long} too long (kept {c.kept})"
+                                                  for split, c in skipped.items()), flush=True)
         timings["data"] = time.perf_counter() - started - sum(timings.values())
         if restored is not None:
             latest, state, data_state = restored
