@@ -323,4 +323,6 @@ def restore_named_params(workdir: str | Path, name: str) -> Any:
         command = "average" if name == "averaged" else "import-torch"
         raise FileNotFoundError(f"{directory} not found: run `transformer-jax {command} --workdir {workdir}` first.")
     with ocp.StandardCheckpointer() as checkpointer:
-        return checkpointer.restore(directory, on_first_device(checkpointer.metadata(directory)))["params"]
+        metadata = checkpointer.metadata(directory)
+        tree = getattr(metadata, "item_metadata", metadata)  # StepMetadata -> the tree of array metadata
+        return checkpointer.restore(directory, on_first_device(getattr(tree, "tree", tree)))["params"]

@@ -201,6 +201,13 @@ def _translate_command(parser: argparse.ArgumentParser) -> Handler:
     return _run_translate
 
 
+def _utf8_lines(stream):
+    """Lines of a binary (or text) stream, decoded one at a time: bad bytes stop at their own line, so the lines
+    before them are still translated (a text stream would fail on the whole buffer it decodes at once)."""
+    for line in stream:
+        yield line.decode("utf-8").rstrip("\r\n") if isinstance(line, bytes) else line.rstrip("\r\n")
+
+
 def _format_translation(number: int, source: str, hypotheses, fmt: str) -> str:
     if fmt == "text":
         return hypotheses[0].text + "\n"
@@ -219,10 +226,11 @@ def _run_translate(args: argparse.Namespace) -> int:
     try:
         translator = _translator(args, on_too_long=args.on_too_long, max_tokens=args.max_tokens)
         with contextlib.ExitStack() as files:
-            source = files.enter_context(open(args.input, encoding="utf-8")) if args.input else sys.stdin
+            source = files.enter_context(open(args.input, "rb")) if args.input else getattr(sys.stdin, "buffer",
+                                                                                             sys.stdin)
             sink = files.enter_context(open(args.output, "w", encoding="utf-8")) if args.output else sys.stdout
-            stream = translator.translate_stream(source, chunk_lines=args.chunk_lines, nbest=args.nbest,
-                                                 progress=True)
+            stream = translator.translate_stream(_utf8_lines(source), chunk_lines=args.chunk_lines,
+                                                 nbest=args.nbest, progress=True)
             for number, (line, hypotheses) in enumerate(stream, start=1):
                 sink.write(_format_translation(number, line, hypotheses, args.format))
                 sink.flush()
