@@ -187,12 +187,19 @@ def test_workdir_problems_fail_at_once_and_write_nothing(workdir, tmp_path, monk
     code, _, err = run_cli(["train", "--config", "experiments/tiny.py", "--workdir", "gs://bucket/run"],
                            monkeypatch=monkeypatch, capsys=capsys)
     assert code == 1 and "remote paths" in err and not Path("gs:").exists()
-    if os.geteuid() != 0:  # root may write anywhere
-        read_only = tmp_path / "read-only"
-        read_only.mkdir()
-        read_only.chmod(0o555)
-        code, _, err = run_cli(["average", "--workdir", str(read_only)], monkeypatch=monkeypatch, capsys=capsys)
-        assert code == 1 and "not writable" in err
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    if os.geteuid() == 0:  # root may write anywhere: let the permission check see what a user would
+        real_access = os.access
+        monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == read_only
+                            else real_access(path, mode))
+    for command in (["average"], ["import-torch", "--input", "model.pt"],
+                    ["evaluate", "--source-file", "a", "--reference-file", "b"]):
+        code, _, err = run_cli([command[0], "--workdir", str(read_only), *command[1:]], monkeypatch=monkeypatch,
+                               capsys=capsys)
+        assert code == 1 and "not writable" in err, command
+    assert list(read_only.iterdir()) == []  # nothing written
 
 
 def test_evaluate_with_empty_files_says_so(workdir, tmp_path, monkeypatch, capsys):
