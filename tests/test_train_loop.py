@@ -285,3 +285,13 @@ def test_skipped_pairs_are_summarised_in_one_line(tmp_path, capsys):
     loop.train(config, tmp_path / "run")
     out = capsys.readouterr().out
     assert "skipped pairs: train 20 empty, 0 too long (kept 40); validation 20 empty" in out
+
+
+def test_ctrl_c_during_set_up_exits_130_without_a_traceback(monkeypatch, tmp_path, capsys):
+    def interrupted(config, workdir):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "train", interrupted)
+    code = cli.main(["train", "--config", "experiments/tiny.py", "--workdir", str(tmp_path / "w")])
+    err = capsys.readouterr().err
+    assert code == 130 and "interrupted before training started" in err and "Traceback" not in err
