@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from library_step import LibraryStep, synthetic_batch  # noqa: E402 - this directory, imports no jax
+
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "device.json"
 
 # Dense bfloat16 peak TFLOP/s per chip (vendor figures, without sparsity).
@@ -59,23 +61,17 @@ def main(argv=None) -> dict:
 
     import jax
     import jax.numpy as jnp
-    import numpy as np
 
     from transformer_jax import config as presets
     from transformer_jax import parallel
     from transformer_jax.accounting import forward_flops
     from transformer_jax.decoding import beam_search, greedy_decode
-    from transformer_jax.experiment import default_config
     from transformer_jax.model import Transformer
-    from transformer_jax.train.optimizer import make_optimizer
-    from transformer_jax.train.state import create_train_state
-    from transformer_jax.train.step import jit_train_step, make_train_step
 
     devices = jax.devices()
     kind = devices[0].device_kind
     peak = peak_tflops(kind)
     mesh = parallel.make_mesh()
-    train_cfg = default_config().train
     report = {"backend": jax.default_backend(), "device_kind": kind, "devices": len(devices),
               "peak_tflops_per_device": peak, "jax": jax.__version__, "python": platform.python_version(),
               "smoke": args.smoke, "results": []}
@@ -93,20 +89,11 @@ def main(argv=None) -> dict:
         cfg = presets.PRESETS[name](vocab_size=vocab, dtype="bfloat16", dropout_rate=0.1,
                                     max_len=max(args.length, args.decode_len * 2 + 8))
         rows = max(len(devices), args.tokens // args.length // len(devices) * len(devices))
-        rng = np.random.default_rng(0)
-        targets = rng.integers(3, vocab, (rows, args.length)).astype(np.int32)  # [rows, length]
-        batch = {"inputs": rng.integers(3, vocab, (rows, args.length)).astype(np.int32), "targets": targets,
-                 "decoder_inputs": np.concatenate([np.full((rows, 1), cfg.bos_id, np.int32), targets[:, :-1]], 1)}
-        batch = parallel.global_batch(batch, mesh, parallel.DEFAULT_RULES)
-        tx, schedule = make_optimizer(train_cfg, cfg.d_model)
-        state, shardings, _ = create_train_state(cfg, tx, 0, mesh)
-        step = jit_train_step(make_train_step(Transformer(cfg), tx, schedule,
-                                              label_smoothing=train_cfg.label_smoothing), shardings, mesh)
-        holder = {"state": state}
+        batch = parallel.global_batch(synthetic_batch(cfg, rows, args.length), mesh, parallel.DEFAULT_RULES)
+        library_step = LibraryStep(cfg, mesh)
 
         def train_once():
-            holder["state"], metrics = step(holder["state"], batch)
-            jax.block_until_ready(metrics)
+            library_step.run(batch)
 
         start = time.perf_counter()
         train_once()
@@ -117,9 +104,9 @@ def main(argv=None) -> dict:
                "tokens_per_s": 2 * rows * args.length / seconds, "tflops": flops / seconds / 1e12,
                "param_dtype": str(jnp.dtype(cfg.param_dtype)), "compute_dtype": str(jnp.dtype(cfg.dtype))}
         row["mfu"] = row["tflops"] / (peak * len(devices)) if peak else None
-        params = jax.device_get(holder["state"].params)
+        params = jax.device_get(library_step.state.params)
         model = Transformer(cfg.replace(dropout_rate=0.0))
-        sources = jnp.asarray(rng.integers(3, vocab, (args.decode_batch, args.decode_len)).astype(np.int32))
+        sources = jnp.asarray(synthetic_batch(cfg, args.decode_batch, args.decode_len, seed=1)["inputs"])
         greedy_s = timed(lambda: jax.block_until_ready(greedy_decode(model, params, sources)), 2)
         beam_s = timed(lambda: jax.block_until_ready(beam_search(model, params, sources, beam_size=4, alpha=0.6)), 2)
         row.update(greedy_sentences_per_s=args.decode_batch / greedy_s, beam4_sentences_per_s=args.decode_batch / beam_s)

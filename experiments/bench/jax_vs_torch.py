@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from library_step import LibraryStep, synthetic_batch  # noqa: E402 - this directory, imports no jax
+
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "jax_vs_torch.json"
 
 # name: (ModelConfig overrides of base(), sentences per batch, source = target length)
@@ -79,7 +81,6 @@ def main(argv=None) -> dict:
 
     import jax
     import jax.numpy as jnp
-    import numpy as np
     import torch
 
     from transformer_jax import config as presets
@@ -87,10 +88,8 @@ def main(argv=None) -> dict:
     from transformer_jax.accounting import forward_flops
     from transformer_jax.experiment import default_config
     from transformer_jax.interop import torch as interop
-    from transformer_jax.model import Transformer
     from transformer_jax.train.optimizer import make_optimizer
     from transformer_jax.train.state import create_train_state
-    from transformer_jax.train.step import jit_train_step, make_train_step
 
     torch.set_num_threads(args.threads)
     train_cfg = default_config().train
@@ -104,23 +103,11 @@ def main(argv=None) -> dict:
         return {"jax": 2 * n ** 3 / timed(lambda: jax_mm(a, a).block_until_ready(), 10) / 1e9,
                 "torch": 2 * n ** 3 / timed(lambda: t @ t, 10) / 1e9}
 
-    def batch_of(cfg, rows, length):
-        rng = np.random.default_rng(0)
-        targets = rng.integers(3, cfg.vocab_size, (rows, length)).astype(np.int32)  # [rows, length]
-        return {"inputs": rng.integers(3, cfg.vocab_size, (rows, length)).astype(np.int32),
-                "targets": targets,
-                "decoder_inputs": np.concatenate([np.full((rows, 1), cfg.bos_id, np.int32), targets[:, :-1]], 1)}
-
     def jax_step_seconds(cfg, batch) -> tuple[float, float]:
-        tx, schedule = make_optimizer(train_cfg, cfg.d_model)
-        state, shardings, _ = create_train_state(cfg, tx, 0, mesh)
-        step = jit_train_step(make_train_step(Transformer(cfg), tx, schedule,
-                                              label_smoothing=train_cfg.label_smoothing), shardings, mesh)
-        holder = {"state": state}
+        library_step = LibraryStep(cfg, mesh)
 
         def one():
-            holder["state"], metrics = step(holder["state"], batch)
-            jax.block_until_ready(metrics)
+            library_step.run(batch)
 
         start = time.perf_counter()
         one()
@@ -165,7 +152,7 @@ def main(argv=None) -> dict:
         dtypes = ["float32", "bfloat16"] if args.bf16 else ["float32"]
         for dtype in dtypes:
             cfg = presets.base(**overrides, dropout_rate=args.dropout, dtype=dtype)
-            batch = batch_of(cfg, rows, length)
+            batch = synthetic_batch(cfg, rows, length)
             flops = 3 * forward_flops(cfg, batch=rows, src_len=length, tgt_len=length)["total"]
             tokens = 2 * rows * length
             row = {"shape": name, "dtype": dtype, "rows": rows, "length": length, "tokens_per_step": tokens,
