@@ -33,7 +33,6 @@ from transformer_jax import parallel
 from transformer_jax.config import PRESETS, ModelConfig
 from transformer_jax.decoding import DecodeConfig
 from transformer_jax.distributed import DistributedConfig
-from transformer_jax.train.step import DROPOUT_PRNGS
 
 # Fields of ModelConfig that the tokenizer decides.
 TOKENIZER_FIELDS = ("vocab_size", "pad_id", "bos_id", "eos_id")
@@ -45,6 +44,10 @@ FINAL_BLEU_METHODS = ("beam", "greedy", "none")
 class ConfigError(ValueError):
     """The experiment config is wrong; the message says which field and how to fix it."""
 
+
+# How dropout masks are drawn (train/step.py: dropout_key): 'rbg' (XLA's RngBitGenerator, fast) or 'threefry'
+# (JAX's default; the same masks on every device layout).
+DROPOUT_PRNGS = ("rbg", "threefry")
 
 # The `train` fields train/optimizer.make_optimizer reads (§5.3: Adam 0.9 / 0.98 / 1e-9, 4000 warm-up updates;
 # no clipping in the paper). A new optimizer option is one entry here plus its use in make_optimizer.

@@ -23,6 +23,7 @@ import optax
 from jax.sharding import Mesh
 
 from transformer_jax import parallel
+from transformer_jax.experiment import DROPOUT_PRNGS
 from transformer_jax.model import Transformer
 from transformer_jax.train.loss import cross_entropy_sums
 from transformer_jax.train.state import TrainState
@@ -42,10 +43,6 @@ def model_logits(model: Transformer, params, batch: dict, *, deterministic: bool
     rngs = None if deterministic else {"dropout": dropout_rng}
     return model.apply({"params": params}, batch["inputs"], batch["decoder_inputs"], deterministic=deterministic,
                        rngs=rngs, **extra)
-
-
-# How dropout masks are drawn (a key implementation of jax.random).
-DROPOUT_PRNGS = ("rbg", "threefry")
 
 
 def dropout_key(base_rng: jax.Array, step: jax.Array, prng: str = "rbg") -> jax.Array:
