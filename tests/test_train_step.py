@@ -165,11 +165,18 @@ def test_bfloat16_activations_float32_params_and_dropout_from_step():
 def test_dropout_key_is_a_function_of_seed_and_step():
     from transformer_jax.train.step import dropout_key
 
+    from transformer_jax.experiment import DROPOUT_PRNGS
+
     base = jax.random.PRNGKey(3)
-    for prng in ("rbg", "threefry"):
-        draw = lambda step: np.asarray(jax.random.bernoulli(dropout_key(base, step, prng), 0.5, (64,)))  # noqa: E731
+    n = 1 << 20
+    for prng in DROPOUT_PRNGS:
+        draw = lambda step, size=64: np.asarray(  # noqa: E731
+            jax.random.bernoulli(dropout_key(base, step, prng), 0.9, (size,)))
         np.testing.assert_array_equal(draw(5), draw(5))  # a resumed run draws the same masks
         assert (draw(5) != draw(6)).any()
+        keep = draw(5, n).astype(np.float64)  # Bernoulli(0.9): mean within 5 sigma, neighbours uncorrelated
+        assert abs(keep.mean() - 0.9) < 5 * np.sqrt(0.9 * 0.1 / n), (prng, keep.mean())
+        assert abs(np.corrcoef(keep[:-1], keep[1:])[0, 1]) < 5 / np.sqrt(n), prng
     np.testing.assert_array_equal(dropout_key(base, 7, "threefry"), jax.random.fold_in(base, 7))
     with pytest.raises(ValueError, match="unknown"):
         dropout_key(base, 0, "mersenne")

@@ -50,6 +50,8 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=5, help="timed steps after two warm-up steps")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for both frameworks")
     parser.add_argument("--dropout", type=float, default=0.1, help="dropout_rate of the model (§5.4)")
+    parser.add_argument("--dropout-prng", default=None,
+                        help="train.dropout_prng of the JAX step (default: the experiment default)")
     parser.add_argument("--bf16", action="store_true",
                         help="also time bfloat16 compute (float32 parameters; torch: CPU autocast)")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile (minutes on 2 cores)")
@@ -104,7 +106,7 @@ def main(argv=None) -> dict:
                 "torch": 2 * n ** 3 / timed(lambda: t @ t, 10) / 1e9}
 
     def jax_step_seconds(cfg, batch) -> tuple[float, float]:
-        library_step = LibraryStep(cfg, mesh)
+        library_step = LibraryStep(cfg, mesh, args.dropout_prng)
 
         def one():
             library_step.run(batch)
@@ -143,7 +145,8 @@ def main(argv=None) -> dict:
     report = {"threads": args.threads, "jax": jax.__version__, "torch": torch.__version__,
               "python": platform.python_version(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
               "xla_flags": os.environ.get("XLA_FLAGS"), "load_average_at_start": os.getloadavg(),
-              "dropout_rate": args.dropout, "steps": args.steps}
+              "dropout_rate": args.dropout,
+              "dropout_prng": args.dropout_prng or train_cfg.dropout_prng, "steps": args.steps}
     report["matmul_gflops"] = matmul_gflops()
     report["results"] = []
     for name in args.shapes.split(","):

@@ -20,10 +20,11 @@ class LibraryStep:
     """`make_optimizer` (the experiment defaults: §5.3 Adam and schedule) + `create_train_state` +
     `make_train_step` (label smoothing 0.1) + `jit_train_step` on `mesh`, holding its own state.
 
+    dropout_prng: a `train.dropout_prng` name (default: the experiment default).
     `run(batch)` does one step and waits for it; `step` and `state` are there for lowering and profiling.
     """
 
-    def __init__(self, cfg, mesh):
+    def __init__(self, cfg, mesh, dropout_prng: str | None = None):
         from transformer_jax.experiment import default_config
         from transformer_jax.model import Transformer
         from transformer_jax.train.optimizer import make_optimizer
@@ -34,7 +35,9 @@ class LibraryStep:
         tx, schedule = make_optimizer(train_cfg, cfg.d_model)
         self.state, shardings, _ = create_train_state(cfg, tx, 0, mesh)
         self.step = jit_train_step(make_train_step(Transformer(cfg), tx, schedule,
-                                                   label_smoothing=train_cfg.label_smoothing), shardings, mesh)
+                                                   label_smoothing=train_cfg.label_smoothing,
+                                                   dropout_prng=dropout_prng or train_cfg.dropout_prng),
+                                   shardings, mesh)
 
     def run(self, batch) -> None:
         import jax

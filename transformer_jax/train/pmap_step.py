@@ -37,7 +37,7 @@ AXIS_NAME = "devices"
 def make_pmap_train_step(model: Transformer, tx: optax.GradientTransformation, schedule: optax.Schedule, *,
                          label_smoothing: float, accum_steps: int = 1,
                          devices: Sequence[jax.Device] | None = None, donate: bool = True,
-                         dropout_prng: str = "rbg") -> Callable:
+                         dropout_prng: str = "rbg_threefry") -> Callable:
     """`jax.pmap`ped step: (replicated state, batch [devices, b, ...]) -> (replicated state, replicated metrics)."""
     step = make_train_step(model, tx, schedule, label_smoothing=label_smoothing, accum_steps=accum_steps,
                            axis_name=AXIS_NAME, dropout_prng=dropout_prng)

@@ -41,7 +41,7 @@ class StepRunner(NamedTuple):
 def make_runner(mode: str, model: Transformer, tx: optax.GradientTransformation, schedule: optax.Schedule, *,
                 label_smoothing: float, accum_steps: int, mesh: jax.sharding.Mesh, state_shardings: Any,
                 rules: parallel.Rules = parallel.DEFAULT_RULES, compiler_options: dict | None = None,
-                dropout_prng: str = "rbg") -> StepRunner:
+                dropout_prng: str = "rbg_threefry") -> StepRunner:
     """A StepRunner for mode 'jit' or 'pmap' (see `parallel.parallel_mode`). pmap runs on the mesh's devices.
 
     jit: place_batch takes this process's rows (`parallel.data_shard`); compiler_options go to jax.jit

@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
+from jax.extend import random as jax_random_ext
 from jax.sharding import Mesh
 
 from transformer_jax import parallel
@@ -45,12 +46,28 @@ def model_logits(model: Transformer, params, batch: dict, *, deterministic: bool
                        rngs=rngs, **extra)
 
 
-def dropout_key(base_rng: jax.Array, step: jax.Array, prng: str = "rbg") -> jax.Array:
+def _rbg_threefry_bits(key: jax.Array, bit_width: int, shape: tuple[int, ...]) -> jax.Array:
+    """Random bits from XLA's RngBitGenerator running Threefry (on a CPU ~4x faster than its default, Philox)."""
+    _, bits = jax.lax.rng_bit_generator(key, shape, dtype=jnp.dtype(f"uint{bit_width}"),
+                                        algorithm=jax.lax.RandomAlgorithm.RNG_THREE_FRY)
+    return bits
+
+
+# jax.random key implementation: rbg's seeding, splitting and folding, Threefry bits inside RngBitGenerator.
+RBG_THREEFRY = jax_random_ext.define_prng_impl(
+    key_shape=(4,), seed=jax_random_ext.rbg_prng_impl.seed, split=jax_random_ext.rbg_prng_impl.split,
+    random_bits=_rbg_threefry_bits, fold_in=jax_random_ext.rbg_prng_impl.fold_in, name="rbg_threefry", tag="rbg3")
+_KEY_IMPLS = {"rbg_threefry": RBG_THREEFRY, "rbg": "rbg"}
+
+
+def dropout_key(base_rng: jax.Array, step: jax.Array, prng: str = "rbg_threefry") -> jax.Array:
     """The dropout key of one train step: fold_in(base_rng, step), so a resumed run draws the same masks.
 
-    prng='rbg' draws the mask bits with XLA's RngBitGenerator (about 3x cheaper than threefry on a CPU; the
-    masks are exact on resume but depend on the device layout); 'threefry' (JAX's default) gives the same masks
-    on every layout. base_rng: a raw uint32[2] threefry key (TrainState.rng).
+    prng='rbg_threefry' (default) and 'rbg' draw the mask bits inside XLA's RngBitGenerator, with the Threefry
+    and the backend's default algorithm (Philox on a CPU) respectively; their masks are exact on resume but
+    depend on the device layout. 'rbg_threefry' is ~4x cheaper than 'rbg' and ~5x cheaper than JAX's default
+    'threefry' keys on a CPU, which give the same masks on every layout. On a TPU, 'rbg' uses its hardware
+    generator. base_rng: a raw uint32[2] threefry key (TrainState.rng).
     """
     key = jax.random.fold_in(base_rng, step)
     if prng == "threefry":
@@ -58,12 +75,12 @@ def dropout_key(base_rng: jax.Array, step: jax.Array, prng: str = "rbg") -> jax.
     if prng not in DROPOUT_PRNGS:
         raise ValueError(f"dropout prng {prng!r} is unknown; use one of {DROPOUT_PRNGS}.")
     bits = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key  # uint32[2]
-    return jax.random.wrap_key_data(jnp.concatenate([bits, bits]), impl="rbg")  # rbg keys are uint32[4]
+    return jax.random.wrap_key_data(jnp.concatenate([bits, bits]), impl=_KEY_IMPLS[prng])  # uint32[4] keys
 
 
 def make_train_step(model: Transformer, tx: optax.GradientTransformation, schedule: optax.Schedule, *,
                     label_smoothing: float, accum_steps: int = 1, axis_name: str | None = None,
-                    dropout_prng: str = "rbg") -> Callable:
+                    dropout_prng: str = "rbg_threefry") -> Callable:
     """The pure (unjitted) train step; see the module docstring.
 
     axis_name: run under `jax.pmap(axis_name=...)` (train/pmap_step.py): each device draws its own dropout
