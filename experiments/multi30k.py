@@ -12,31 +12,38 @@ tokens), about 4k source + 4k target positions each. Checkpoints every 200 updat
 averaged by experiments/multi30k.sh.
 """
 
-from transformer_jax.experiment import default_config, model_section
+from transformer_jax.config import base
+from transformer_jax.experiment import DataConfig, Experiment, OptimizerConfig, TrainConfig
 
 
-def get_config():
-    config = default_config()
-    config.model = model_section("base", d_model=128, num_heads=4, d_ff=256, num_encoder_layers=4,
-                                 num_decoder_layers=4, dropout_rate=0.1, max_len=128)
-    config.data.source = "multi30k"
-    config.data.path = ""  # required: --config.data.path=/path/to/multi30k (train.en, train.de, val.*, ...)
-    config.data.source_lang = "en"
-    config.data.target_lang = "de"
-    config.data.vocab_size = 8000
-    config.data.tokens_per_batch = 4096  # per side, padding included
-    config.data.max_len = 128
-    config.data.pack = False
-    config.data.bucket_boundaries = (16, 24, 32, 48, 128)
-    config.data.eval_batch_size = 128
-    config.train.steps = 100_000  # the time budget ends the run
-    config.train.max_minutes = 80.0  # tokenizer, compiling, training and validation
-    config.train.warmup_steps = 500
-    config.train.lr_scale = 1.25  # peak lr 1.25 * 128^-0.5 * 500^-0.5 = 4.9e-3 at update 500
-    config.train.log_every = 50
-    config.train.eval_every = 500
-    config.train.checkpoint_every = 200
-    config.train.keep_checkpoints = 16  # multi30k.sh averages the last 8; 16 leave room to study K
-    config.train.bleu_every = 1000  # greedy BLEU of 500 validation pairs (the learning curve)
-    config.train.final_bleu = "none"  # multi30k.sh scores the averaged model on the test split
-    return config
+def get_config() -> Experiment:
+    return Experiment(
+        model=base(d_model=128, num_heads=4, d_ff=256, num_encoder_layers=4, num_decoder_layers=4, dropout_rate=0.1,
+                   max_len=128),
+        data=DataConfig(
+            source="multi30k",
+            path="",  # required: --config.data.path=/path/to/multi30k (train.en, train.de, val.*, ...)
+            source_lang="en",
+            target_lang="de",
+            vocab_size=8000,
+            tokens_per_batch=4096,  # per side, padding included
+            max_len=128,
+            pack=False,
+            bucket_boundaries=(16, 24, 32, 48, 128),
+            eval_batch_size=128,
+        ),
+        optimizer=OptimizerConfig(
+            warmup_steps=500,
+            lr_scale=1.25,  # peak lr 1.25 * 128^-0.5 * 500^-0.5 = 4.9e-3 at update 500
+        ),
+        train=TrainConfig(
+            steps=100_000,  # the time budget ends the run
+            max_minutes=80.0,  # tokenizer, compiling, training and validation
+            log_every=50,
+            eval_every=500,
+            checkpoint_every=200,
+            keep_checkpoints=16,  # multi30k.sh averages the last 8; 16 leave room to study K
+            bleu_every=1000,  # greedy BLEU of 500 validation pairs (the learning curve)
+            final_bleu="none",  # multi30k.sh scores the averaged model on the test split
+        ),
+    )

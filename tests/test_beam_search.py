@@ -72,7 +72,7 @@ def run_beam(table, seeds, *, beam, alpha, length, limits=None, early_stopping=T
     limits = jnp.full(seeds.shape, length, jnp.int32) if limits is None else jnp.asarray(limits, jnp.int32)
     sequences, scores, state = _run_beam(jnp.asarray(table), seeds, limits, beam=beam, alpha=alpha, length=length,
                                          early_stopping=early_stopping, one_hot=one_hot)
-    return np.asarray(sequences), np.asarray(scores), int(state.index)
+    return np.asarray(sequences), np.asarray(scores), int(state.step)
 
 
 def strip(sequence):

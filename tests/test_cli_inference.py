@@ -229,18 +229,16 @@ def test_print_config_refuses_invalid_values(monkeypatch, capsys):
 
 def test_evaluate_a_split_needs_only_that_split(tmp_path):
     """`evaluate --split test` reads the run's data section for the test files only (the train files may be gone)."""
-    import ml_collections
-
-    from transformer_jax.experiment import make_source_from_config
+    from transformer_jax.data.sources import source_from_config
+    from transformer_jax.experiment import DataConfig
 
     for lang in ("en", "de"):
         (tmp_path / f"test_2016_flickr.{lang}").write_text("three small red cats\n")
-    data = ml_collections.ConfigDict(dict(source="multi30k", path=str(tmp_path), source_lang="en", target_lang="de",
-                                          options={}))
-    source = make_source_from_config(data, splits=("test",))
+    data = DataConfig(source="multi30k", path=str(tmp_path), source_lang="en", target_lang="de")
+    source = source_from_config(data, splits=("test",))
     assert list(source.pairs("test")) == [("three small red cats", "three small red cats")]
     with pytest.raises(FileNotFoundError, match="train"):
-        make_source_from_config(data)  # training needs them, and says which is missing
+        source_from_config(data)  # training needs them, and says which is missing
 
 
 def test_import_torch_of_a_file_that_is_not_a_state_dict(workdir, tmp_path, monkeypatch, capsys):

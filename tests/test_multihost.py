@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from transformer_jax import distributed
+from transformer_jax.experiment import DistributedConfig
 
 # One subprocess run feeds the whole module: keep it on one xdist worker (pytest -n N --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("multihost")
@@ -210,14 +211,15 @@ def test_bad_launches_fail_with_a_clear_message_in_bounded_time(tmp_path):
 def test_settings_from_config_and_environment(monkeypatch):
     for name in ENV_NAMES:
         monkeypatch.delenv(name, raising=False)
-    cfg = distributed.resolve_config({"coordinator_address": "10.0.0.1:1234", "num_processes": 4, "process_id": 0})
+    cfg = distributed.resolve_config(DistributedConfig(coordinator_address="10.0.0.1:1234", num_processes=4,
+                                                       process_id=0))
     assert (cfg.coordinator_address, cfg.num_processes, cfg.process_id) == ("10.0.0.1:1234", 4, 0)
     monkeypatch.setenv("TJ_COORDINATOR_ADDRESS", "host:99")
     monkeypatch.setenv("TJ_NUM_PROCESSES", "2")
     monkeypatch.setenv("TJ_PROCESS_ID", "1")
     cfg = distributed.resolve_config(None)
     assert (cfg.coordinator_address, cfg.num_processes, cfg.process_id) == ("host:99", 2, 1)
-    assert distributed.resolve_config({"process_id": 0}).process_id == 0  # config wins over the environment
+    assert distributed.resolve_config(DistributedConfig(process_id=0)).process_id == 0  # config wins over the environment
 
 
 @pytest.mark.parametrize("settings, message", [
@@ -231,11 +233,11 @@ def test_bad_settings_are_rejected_before_starting(monkeypatch, settings, messag
     for name in ENV_NAMES:
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(distributed.DistributedStartupError, match=message):
-        distributed.resolve_config(settings)
+        distributed.resolve_config(DistributedConfig(**settings))
 
 
 def test_single_process_needs_no_coordinator(monkeypatch):
     for name in ENV_NAMES + distributed.CLUSTER_HINTS:
         monkeypatch.delenv(name, raising=False)
-    info = distributed.initialize({})
+    info = distributed.initialize(DistributedConfig())
     assert info.process_count == 1 and not info.initialized

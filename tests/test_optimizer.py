@@ -3,8 +3,8 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from ml_collections import ConfigDict
 
+from transformer_jax.experiment import OptimizerConfig
 from transformer_jax.train.optimizer import make_optimizer, transformer_schedule
 
 
@@ -12,9 +12,8 @@ def paper_lr(step, d_model=512, warmup=4000, scale=1.0):
     return scale * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
 
 
-def train_cfg(**changes):
-    values = dict(warmup_steps=4000, lr_scale=1.0, adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9, clip_grad_norm=0.0)
-    return ConfigDict({**values, **changes})
+def optimizer_cfg(**changes):
+    return OptimizerConfig(**changes)  # §5.3 defaults: warm-up 4000, Adam 0.9 / 0.98 / 1e-9, no clipping
 
 
 @pytest.mark.parametrize("step", [1, 100, 4000, 16000])
@@ -37,7 +36,7 @@ def test_scale_multiplies():
 
 
 def test_first_adam_update_uses_step_one_learning_rate():
-    tx, _ = make_optimizer(train_cfg(), d_model=512)
+    tx, _ = make_optimizer(optimizer_cfg(), d_model=512)
     params = {"w": jnp.array([1.0, -2.0, 3.0])}
     grads = {"w": jnp.array([0.5, -0.25, 2.0])}
     updates, state = tx.update(grads, tx.init(params), params)
@@ -48,7 +47,7 @@ def test_first_adam_update_uses_step_one_learning_rate():
 
 
 def test_adam_constants_are_the_papers():
-    tx, _ = make_optimizer(train_cfg(adam_b2=0.5), d_model=512)
+    tx, _ = make_optimizer(optimizer_cfg(adam_b2=0.5), d_model=512)
     params = {"w": jnp.array([0.0])}
     state = tx.init(params)
     _, state = tx.update({"w": jnp.array([2.0])}, state, params)
@@ -58,7 +57,7 @@ def test_adam_constants_are_the_papers():
 
 
 def test_global_norm_clipping_happens_before_adam():
-    tx, _ = make_optimizer(train_cfg(clip_grad_norm=1.0), d_model=512)
+    tx, _ = make_optimizer(optimizer_cfg(clip_grad_norm=1.0), d_model=512)
     params = {"w": jnp.zeros(2)}
     _, state = tx.update({"w": jnp.array([3.0, 4.0])}, tx.init(params), params)
     adam_state = state[-1][0]

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import typing
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,6 +23,7 @@ import pytest
 
 from transformer_jax import parallel
 from transformer_jax.config import tiny
+from transformer_jax.experiment import MeshConfig
 from transformer_jax.train.pmap_step import split_batch
 
 # One subprocess run feeds the whole module: keep it on one xdist worker (pytest -n N --dist loadgroup).
@@ -141,21 +143,26 @@ def test_rules_chosen_from_mesh_and_config():
     assert parallel.rules_for_mesh(fake_mesh(fsdp=4)) == parallel.FSDP_RULES
     assert parallel.rules_for_mesh(fake_mesh(tensor=2)) == parallel.TENSOR_RULES
     assert parallel.rules_for_mesh(fake_mesh(fsdp=2, tensor=2)) == parallel.FSDP_TENSOR_RULES
-    assert parallel.rules_from_config({"data": 2, "fsdp": 4}, fake_mesh(data=2, fsdp=4)) == parallel.FSDP_RULES
-    assert parallel.rules_from_config({"rules": "tensor"}, fake_mesh(tensor=2)) == parallel.TENSOR_RULES
+    assert parallel.rules_from_config(MeshConfig(data=2, fsdp=4), fake_mesh(data=2, fsdp=4)) == parallel.FSDP_RULES
+    assert parallel.rules_from_config(MeshConfig(rules="tensor"), fake_mesh(tensor=2)) == parallel.TENSOR_RULES
     with pytest.raises(ValueError, match="mesh.rules='dp' does not fit"):
-        parallel.rules_from_config({"rules": "dp"}, fake_mesh(fsdp=4))
+        parallel.rules_from_config(MeshConfig(rules="dp"), fake_mesh(fsdp=4))
     with pytest.raises(ValueError, match="unknown"):
-        parallel.rules_from_config({"rules": "zero3"}, fake_mesh())
+        MeshConfig(rules="zero3")
+
+
+def test_every_named_rule_table_is_a_mesh_rules_choice():
+    choices = typing.get_args(typing.get_type_hints(MeshConfig)["rules"])
+    assert set(choices) == {"auto", *parallel.RULE_TABLES}
 
 
 def test_parallel_mode():
-    assert parallel.parallel_mode({}) == "jit"
-    assert parallel.parallel_mode(SimpleNamespace(mode="pmap", fsdp=1, tensor=1)) == "pmap"
+    assert MeshConfig().mode == "jit"
+    assert MeshConfig(mode="pmap", fsdp=1, tensor=1).mode == "pmap"
     with pytest.raises(ValueError, match="data parallel only"):
-        parallel.parallel_mode({"mode": "pmap", "fsdp": 2})
+        MeshConfig(mode="pmap", fsdp=2)
     with pytest.raises(ValueError, match="unknown"):
-        parallel.parallel_mode({"mode": "pjit"})
+        MeshConfig(mode="pjit")
 
 
 def test_model_must_divide_over_the_mesh():

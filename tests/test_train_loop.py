@@ -171,7 +171,7 @@ def test_cli_end_to_end(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, expected", [
     (["--config.train.stepz=3"], "unknown field 'stepz'"),
-    (["--config.train.steps=many"], "expected a int"),
+    (["--config.train.steps=many"], "expected an int"),
     (["--config.model.vocab_size=9"], "come from the SentencePiece model"),
     (["--config.model.num_heads=3"], "not divisible by num_heads=3"),
     (["--config.data.source=multi30k"], "--config.data.path"),
@@ -203,8 +203,8 @@ def test_pmap_mode_gives_the_losses_of_jit_mode(tmp_path):
 
 
 def test_validation_bleu_is_logged_and_equals_a_recomputation_with_the_saved_params(tmp_path):
+    from transformer_jax.data.sources import source_from_config
     from transformer_jax.evaluation import evaluate_pairs
-    from transformer_jax.experiment import decode_config, make_source_from_config
     from transformer_jax.translate import Translator
 
     config = small_config(3, **{"train.bleu_every": 3, "train.bleu_max_sentences": 8, "train.final_bleu": "greedy"})
@@ -212,9 +212,9 @@ def test_validation_bleu_is_logged_and_equals_a_recomputation_with_the_saved_par
     rows = {row["kind"]: row for row in read_metrics(tmp_path) if row["kind"] in ("bleu", "final_bleu")}
     assert rows["bleu"]["step"] == rows["final_bleu"]["step"] == 3
     assert rows["bleu"]["sentences"] == 8 and rows["final_bleu"]["sentences"] == SMALL_CORPUS["validation"]
-    pairs = list(make_source_from_config(config.data).pairs("validation"))
+    pairs = list(source_from_config(config.data).pairs("validation"))
     model_cfg, params, tokenizer = load_model_for_inference(tmp_path)  # the checkpoint of update 3
-    translator = Translator(model_cfg, params, tokenizer, decode_config=decode_config(config), method="greedy")
+    translator = Translator(model_cfg, params, tokenizer, decode_config=config.decode, method="greedy")
     for kind, subset in (("bleu", pairs[:8]), ("final_bleu", pairs)):
         scores = evaluate_pairs(translator, subset).scores
         row = rows[kind]

@@ -6,10 +6,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from ml_collections import ConfigDict
 
 from transformer_jax import parallel
 from transformer_jax.config import tiny
+from transformer_jax.experiment import OptimizerConfig
 from transformer_jax.model import Transformer
 from transformer_jax.train.optimizer import make_optimizer
 from transformer_jax.train.state import state_initializer
@@ -31,8 +31,8 @@ def small_model(**changes):
 
 
 def optimizer(warmup=50, scale=1.0):
-    return make_optimizer(ConfigDict(dict(warmup_steps=warmup, lr_scale=scale, adam_b1=0.9, adam_b2=0.98,
-                                          adam_eps=1e-9, clip_grad_norm=0.0)), 32)
+    return make_optimizer(OptimizerConfig(warmup_steps=warmup, lr_scale=scale, adam_b1=0.9, adam_b2=0.98,
+                                          adam_eps=1e-9, clip_grad_norm=0.0), 32)
 
 
 @functools.cache
@@ -163,9 +163,8 @@ def test_bfloat16_activations_float32_params_and_dropout_from_step():
 
 
 def test_dropout_key_is_a_function_of_seed_and_step():
-    from transformer_jax.train.step import dropout_key
-
     from transformer_jax.experiment import DROPOUT_PRNGS
+    from transformer_jax.train.step import dropout_key
 
     base = jax.random.PRNGKey(3)
     n = 1 << 20

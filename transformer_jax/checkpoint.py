@@ -232,7 +232,7 @@ def load_params(workdir: str | Path, checkpoint: int | str | None = None) -> Any
     """Parameters of a run: checkpoint None = the latest step, an int (or digits) = that step, or one of
     NAMED_PARAMS ('averaged' from `transformer-jax average`, 'imported' from `import-torch`)."""
     workdir = Path(workdir)
-    if checkpoint in NAMED_PARAMS:
+    if isinstance(checkpoint, str) and checkpoint in NAMED_PARAMS:
         return restore_named_params(workdir, checkpoint)
     if isinstance(checkpoint, str) and not checkpoint.isdigit():
         raise ValueError(f"checkpoint={checkpoint!r}: use a step number, one of {NAMED_PARAMS}, or nothing "

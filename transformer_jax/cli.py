@@ -8,7 +8,8 @@ Adding a command:
         return run_translate                # run_translate(args) -> exit code (or None = 0)
 
 Config overrides (`--config.section.field=value`) are collected for every command that declares
-`--config` and applied with `transformer_jax.experiment.apply_overrides` (unknown fields are errors).
+`--config` and applied with `transformer_jax.experiment.apply_overrides` (parsed by each field's type; unknown
+fields are errors).
 """
 
 from __future__ import annotations
@@ -71,12 +72,10 @@ def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[tuple[str, str
 
 
 def load_experiment(path: str, overrides: Sequence[tuple[str, str]] = ()):
-    """Experiment config from a file, completed with the defaults, with command-line overrides applied."""
+    """The Experiment of a config file (or a workdir's config.json) with command-line overrides applied."""
     from transformer_jax import experiment
 
-    config = experiment.complete_config(experiment.load_config_file(path))
-    experiment.apply_overrides(config, overrides)
-    return config
+    return experiment.load_experiment(path, overrides)
 
 
 # ---------------------------------------------------------------------------------------------- train
@@ -97,24 +96,15 @@ def _train_command(parser: argparse.ArgumentParser) -> Handler:
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    from transformer_jax.distributed import DistributedStartupError
-    from transformer_jax.experiment import ConfigError, validate_config
     from transformer_jax.train import loop
 
+    experiment = load_experiment(args.config, args.config_overrides)
+    if args.print_config:
+        print(json.dumps(experiment.to_dict(), indent=2))
+        return 0
+    check_workdir(args.workdir, writable=True)
     try:
-        config = load_experiment(args.config, args.config_overrides)
-        if args.print_config:
-            validate_config(config)
-            print(json.dumps(config.to_dict(), indent=2, default=list))
-            return 0
-        check_workdir(args.workdir, writable=True)
-        summary = loop.train(config, args.workdir)
-    except ConfigError as error:
-        print(f"config error: {error}", file=sys.stderr)
-        return 2
-    except (OSError, ValueError, DistributedStartupError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+        summary = loop.train(experiment, args.workdir)
     except KeyboardInterrupt:
         print("interrupted before training started; nothing was saved or changed.", file=sys.stderr)
         return 130
@@ -123,13 +113,13 @@ def _run_train(args: argparse.Namespace) -> int:
     if eval_metrics:
         line += f", validation NLL {eval_metrics['nll']:.4f} (perplexity {eval_metrics['perplexity']:.2f})"
     if summary.get("final_bleu"):
-        line += f", validation BLEU {summary['final_bleu']['bleu']:.2f} ({config.train.final_bleu})"
+        line += f", validation BLEU {summary['final_bleu']['bleu']:.2f} ({experiment.train.final_bleu})"
     if summary.get("interrupted"):
         line += f"; stopped by {summary['interrupted']}, rerun the same command to resume"
     if summary.get("stopped_by"):
         line += f"; stopped by the {summary['stopped_by']}"
     print(line + f"; workdir {args.workdir}")
-    return SIGNAL_EXIT_CODES.get(summary.get("interrupted"), 0)  # a script running us must stop too
+    return SIGNAL_EXIT_CODES.get(summary.get("interrupted") or "", 0)  # a script running us must stop too
 
 
 # 128 + the signal number, as shells report a process a signal stopped.
@@ -218,8 +208,6 @@ def _format_translation(number: int, source: str, hypotheses, fmt: str) -> str:
 
 
 def _run_translate(args: argparse.Namespace) -> int:
-    from transformer_jax.translate import InputTooLongError
-
     if args.nbest > 1 and args.format == "text":
         args.format = "tsv"  # several hypotheses need their rank and score
     number = 0
@@ -242,9 +230,6 @@ def _run_translate(args: argparse.Namespace) -> int:
     except BrokenPipeError:  # the reader went away (e.g. `| head -1`): stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-    except (OSError, ValueError, InputTooLongError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
     return 0
 
 
@@ -271,28 +256,23 @@ def _evaluation_pairs(args: argparse.Namespace) -> tuple[str, list[tuple[str, st
             raise ValueError(f"{args.source_file} has {len(sources)} lines but {args.reference_file} has "
                              f"{len(references)}; they must pair up line by line.")
         return Path(args.source_file).stem, list(zip(sources, references))
-    import ml_collections
-
     from transformer_jax import checkpoint as ckpt
-    from transformer_jax.experiment import make_source_from_config
+    from transformer_jax.data.sources import source_from_config
+    from transformer_jax.experiment import Experiment
 
-    data = ml_collections.ConfigDict(ckpt.load_config(args.workdir)["data"])
-    return args.split, list(make_source_from_config(data, splits=(args.split,)).pairs(args.split))
+    data = Experiment.from_dict(ckpt.load_config(args.workdir)).data
+    return args.split, list(source_from_config(data, splits=(args.split,)).pairs(args.split))
 
 
 def _run_evaluate(args: argparse.Namespace) -> int:
     from transformer_jax import checkpoint as ckpt
     from transformer_jax.evaluation import evaluate_pairs, save_evaluation
 
-    try:
-        check_workdir(args.workdir, writable=True)  # eval/ is written after decoding: fail now, not then
-        name, pairs = _evaluation_pairs(args)
-        if not pairs:
-            raise ValueError(f"nothing to score: {name} has no sentence pairs (empty files?).")
-        translator = _translator(args)
-    except (OSError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    check_workdir(args.workdir, writable=True)  # eval/ is written after decoding: fail now, not then
+    name, pairs = _evaluation_pairs(args)
+    if not pairs:
+        raise ValueError(f"nothing to score: {name} has no sentence pairs (empty files?).")
+    translator = _translator(args)
     method = "greedy" if args.greedy else f"beam{args.beam_size}-alpha{args.alpha}"
     started = time.perf_counter()
     target_lang = ckpt.load_config(args.workdir)["data"].get("target_lang")
@@ -322,16 +302,8 @@ def _run_average(args: argparse.Namespace) -> int:
         print(f"error: --last {args.last}: give how many of the latest checkpoints to average (1 or more).",
               file=sys.stderr)
         return 2
-    try:
-        check_workdir(args.workdir, writable=True)
-    except OSError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    try:
-        steps, directory = ckpt.average_last(args.workdir, args.last)
-    except (FileNotFoundError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    check_workdir(args.workdir, writable=True)
+    steps, directory = ckpt.average_last(args.workdir, args.last)
     print(f"averaged checkpoints {steps} into {directory}; use it with --checkpoint averaged")
     return 0
 
@@ -352,12 +324,8 @@ def _run_export_torch(args: argparse.Namespace) -> int:
     from transformer_jax import checkpoint as ckpt
     from transformer_jax.interop import export_torch_state_dict
 
-    try:
-        model_config, params, _ = ckpt.load_model_for_inference(args.workdir, args.checkpoint)
-        export_torch_state_dict(params, model_config, args.output)
-    except (FileNotFoundError, ValueError, ImportError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    model_config, params, _ = ckpt.load_model_for_inference(args.workdir, args.checkpoint)
+    export_torch_state_dict(params, model_config, args.output)
     print(f"wrote {args.output}: load it into transformer_jax.interop.torch.TorchTransformer(config)")
     return 0
 
@@ -373,14 +341,10 @@ def _run_import_torch(args: argparse.Namespace) -> int:
     from transformer_jax import checkpoint as ckpt
     from transformer_jax.interop import import_torch_state_dict
 
-    try:
-        check_workdir(args.workdir, writable=True)
-        model_config = ckpt.model_config_from_workdir(args.workdir)
-        params = import_torch_state_dict(args.input, model_config)
-        directory = ckpt.save_named_params(args.workdir, "imported", params, steps=[])
-    except (OSError, ValueError, ImportError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    check_workdir(args.workdir, writable=True)
+    model_config = ckpt.model_config_from_workdir(args.workdir)
+    params = import_torch_state_dict(args.input, model_config)
+    directory = ckpt.save_named_params(args.workdir, "imported", params, steps=[])
     print(f"imported {args.input} into {directory}; use it with --checkpoint imported")
     return 0
 
@@ -439,7 +403,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     from transformer_jax.compilation_cache import enable_compilation_cache
 
     enable_compilation_cache(args.compilation_cache)
-    return int(handlers[args.command](args) or 0)
+    return run_handler(handlers[args.command], args)
+
+
+def run_handler(handler: Handler, args: argparse.Namespace) -> int:
+    """Runs a command; the errors a user can fix become one line on stderr and an exit code, never a traceback:
+    a bad config 2, anything else that names its problem (missing files, bad input, a failed start-up) 1."""
+    from transformer_jax.distributed import DistributedStartupError
+    from transformer_jax.experiment import ConfigError
+    try:
+        return int(handler(args) or 0)
+    except ConfigError as error:
+        print(f"config error: {error}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError, ImportError, DistributedStartupError) as error:  # InputTooLongError is a ValueError
+        print(f"error: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

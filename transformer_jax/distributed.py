@@ -1,12 +1,12 @@
 """Multi-host start-up (docs/SCALING.md); each process's share of the global batch is in parallel.py.
 
-    info = distributed.initialize(config.distributed)     # FIRST, before any other JAX call
-    mesh = parallel.make_mesh(dict(config.mesh))          # over jax.devices(): every process's devices
+    info = distributed.initialize(experiment.distributed)   # FIRST, before any other JAX call
+    mesh = parallel.make_mesh(experiment.mesh.shape)      # over jax.devices(): every process's devices
     shard_index, shard_count = parallel.data_shard(mesh, rules)   # -> TrainBatches(shard_index=, shard_count=)
     batch = parallel.global_batch(local_batch, mesh, rules)      # process-local rows -> global jax.Arrays
     rows = parallel.local_rows(eval_batch, shard_index, shard_count)  # own rows of a batch all processes hold
 
-Settings come from the config section (any of dict / ml_collections.ConfigDict / DistributedConfig), then from
+Settings come from the config's `distributed` section (experiment.DistributedConfig), then from
 the environment, then from JAX's cluster auto-detection (Cloud TPU pods, SLURM, Open MPI, ...):
 
     coordinator_address   'host:port' of process 0          env TJ_COORDINATOR_ADDRESS or JAX_COORDINATOR_ADDRESS
@@ -23,14 +23,15 @@ With nothing set and no cluster detected, `initialize` does nothing (one process
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
+
+from transformer_jax.experiment import DistributedConfig
 
 logger = logging.getLogger(__name__)
 
@@ -46,43 +47,12 @@ class DistributedStartupError(RuntimeError):
     """The processes of a multi-host run could not find each other; the message says what to check."""
 
 
-@dataclasses.dataclass(frozen=True)
-class DistributedConfig:
-    """How this process joins a multi-process run. None fields come from the environment / auto-detection.
-
-    enabled: True = always call jax.distributed.initialize (e.g. on a Cloud TPU pod slice, where JAX detects
-    everything); False = never; None = only when a setting is given or a launcher (SLURM, Open MPI) says there are
-    several processes.
-    cpu_collectives: 'gloo' (JAX's default) or 'mpi', for cross-process collectives of CPU devices.
-    """
-
-    enabled: bool | None = None
-    coordinator_address: str | None = None
-    num_processes: int | None = None
-    process_id: int | None = None
-    local_device_ids: tuple[int, ...] | None = None
-    initialization_timeout: int = 300
-    heartbeat_timeout: int = 100
-    cluster_detection_method: str | None = None
-    cpu_collectives: str | None = None
-
-
 class ProcessInfo(NamedTuple):
     process_index: int
     process_count: int
     local_device_count: int
     device_count: int
     initialized: bool  # True when jax.distributed was initialized (several processes)
-
-
-def _field(section: Any, name: str, default: Any = None) -> Any:
-    if section is None:
-        return default
-    if isinstance(section, Mapping) or hasattr(section, "keys"):
-        value = section[name] if name in section.keys() else default  # noqa: SIM118 - any mapping-like
-    else:
-        value = getattr(section, name, default)
-    return default if value in ("", None) else value
 
 
 def _env(names: Sequence[str]) -> str | None:
@@ -106,20 +76,16 @@ def _as_int(value: Any, what: str) -> int | None:
         raise DistributedStartupError(f"{what}={value!r} is not an integer.") from None
 
 
-def resolve_config(section: Any = None) -> DistributedConfig:
-    """The settings of `section` completed from the environment, validated (raises DistributedStartupError)."""
+def resolve_config(section: DistributedConfig | None = None) -> DistributedConfig:
+    """The `distributed` section completed from the environment, validated (raises DistributedStartupError)."""
+    section = section or DistributedConfig()
     env_ids = os.environ.get("JAX_LOCAL_DEVICE_IDS")
-    local_ids = _field(section, "local_device_ids") or (env_ids.split(",") if env_ids else None)
-    cfg = DistributedConfig(
-        enabled=_field(section, "enabled"),
-        coordinator_address=_field(section, "coordinator_address") or _env(ENV_COORDINATOR),
-        num_processes=_as_int(_first(_field(section, "num_processes"), _env(ENV_NUM_PROCESSES)), "num_processes"),
-        process_id=_as_int(_first(_field(section, "process_id"), _env(ENV_PROCESS_ID)), "process_id"),
+    local_ids = section.local_device_ids or (env_ids.split(",") if env_ids else None)
+    cfg = section.replace(
+        coordinator_address=section.coordinator_address or _env(ENV_COORDINATOR),
+        num_processes=_as_int(_first(section.num_processes, _env(ENV_NUM_PROCESSES)), "num_processes"),
+        process_id=_as_int(_first(section.process_id, _env(ENV_PROCESS_ID)), "process_id"),
         local_device_ids=None if local_ids is None else tuple(int(i) for i in local_ids),
-        initialization_timeout=_as_int(_field(section, "initialization_timeout", 300), "initialization_timeout"),
-        heartbeat_timeout=_as_int(_field(section, "heartbeat_timeout", 100), "heartbeat_timeout"),
-        cluster_detection_method=_field(section, "cluster_detection_method"),
-        cpu_collectives=_field(section, "cpu_collectives"),
     )
     address = cfg.coordinator_address
     if address is not None:
@@ -206,8 +172,8 @@ def _preflight(cfg: DistributedConfig) -> None:
 
     if not cfg.coordinator_address or cfg.process_id is None:
         return  # left to cluster auto-detection
-    host, _, port = cfg.coordinator_address.rpartition(":")
-    host, port = host.strip("[]"), int(port)
+    host, _, port_text = cfg.coordinator_address.rpartition(":")
+    host, port = host.strip("[]"), int(port_text)
     if cfg.process_id == 0:
         probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the coordinator's server does
@@ -235,7 +201,7 @@ def _preflight(cfg: DistributedConfig) -> None:
             time.sleep(0.25)
 
 
-def initialize(section: Any = None) -> ProcessInfo:
+def initialize(section: DistributedConfig | None = None) -> ProcessInfo:
     """Joins the multi-process run described by `section` / the environment; call before any other JAX use.
 
     Returns this process's index and count. Safe to call twice (the second call only reports). A start-up that
@@ -296,6 +262,7 @@ def _check_agreement(cfg: DistributedConfig) -> str | None:
     from jax._src import distributed as jax_distributed
 
     client = jax_distributed.global_state.client
+    assert client is not None, "called after jax.distributed.initialize"
     me = jax_distributed.global_state.process_id
     count = int(jax_distributed.global_state.num_processes)
     timeout_ms = max(1, int(cfg.initialization_timeout)) * 1000

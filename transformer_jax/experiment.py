@@ -1,19 +1,17 @@
-"""Experiment configs: the schema with the paper's defaults, loading a file, command-line overrides, validation.
+"""The experiment configuration: one typed tree of frozen dataclasses, built once at the edge.
 
-An experiment config (experiments/*.py, `get_config()` -> ml_collections.ConfigDict) has these sections:
+    Experiment(model, data, optimizer, train, decode, mesh, distributed)
 
-  model        preset name ('tiny' | 'base' | 'big') plus any ModelConfig fields as overrides; vocab_size and the
-               special ids come from the trained SentencePiece model, never from here.
-  data         source kind + options, SentencePiece vocab size, tokens per batch, max length, packing, eval sizes.
-  train        steps (optimizer updates), schedule, Adam constants, label smoothing, seed, accumulation, clipping,
-               intervals (log / eval / BLEU / checkpoint), checkpoints kept.
-  decode       beam size, length penalty, extra output length (§6.1) for validation BLEU.
-  mesh         sizes of the ('data', 'fsdp', 'tensor') mesh axes (-1 = all remaining devices), rule table, jit / pmap.
-  distributed  multi-process start-up (transformer_jax.distributed); all None = one process or auto-detected.
+experiments/*.py define `get_config() -> Experiment`; a workdir's config.json replays its run
+(`Experiment.from_dict`); `--config.section.field=value` overrides are parsed by each field's declared type
+(`apply_overrides`). Every section validates itself when it is made and names the field and the fix, so a bad
+value fails before any work. This module is a leaf: it imports no runtime code.
 
-    config = complete_config(load_config_file("experiments/tiny.py"))
-    apply_overrides(config, [("train.steps", "100")])
-    validate_config(config)
+    experiment = load_experiment("experiments/tiny.py", [("train.steps", "100")])
+    experiment.train.steps, experiment.to_dict()
+
+A new option is one field in its section plus the code that reads it: decode options become flags of
+`translate` / `evaluate` from DecodeConfig's field metadata, every field is a `--config.` override.
 """
 
 from __future__ import annotations
@@ -22,306 +20,429 @@ import ast
 import dataclasses
 import importlib.util
 import json
-from collections.abc import Iterable
+import types
+import typing
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
 
-import jax.numpy as jnp
-import ml_collections
-
-from transformer_jax import parallel
-from transformer_jax.config import PRESETS, ModelConfig
-from transformer_jax.decoding import DecodeConfig
-from transformer_jax.distributed import DistributedConfig
-
-# Fields of ModelConfig that the tokenizer decides.
-TOKENIZER_FIELDS = ("vocab_size", "pad_id", "bos_id", "eos_id")
-MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name not in TOKENIZER_FIELDS)
-SOURCES_WITH_DIRECTORY = ("local", "multi30k")
-FINAL_BLEU_METHODS = ("beam", "greedy", "none")
+from transformer_jax.config import ModelConfig
 
 
 class ConfigError(ValueError):
     """The experiment config is wrong; the message says which field and how to fix it."""
 
 
-# How dropout masks are drawn (train/step.py: dropout_key): 'rbg' (XLA's RngBitGenerator, fast) or 'threefry'
-# (JAX's default; the same masks on every device layout).
-DROPOUT_PRNGS = ("rbg_threefry", "rbg", "threefry")
-
-# The `train` fields train/optimizer.make_optimizer reads (§5.3: Adam 0.9 / 0.98 / 1e-9, 4000 warm-up updates;
-# no clipping in the paper). A new optimizer option is one entry here plus its use in make_optimizer.
-OPTIMIZER_DEFAULTS = dict(warmup_steps=4000, lr_scale=1.0, adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9,
-                          clip_grad_norm=0.0)
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def model_section(preset: str, **overrides) -> ml_collections.ConfigDict:
-    """The `model` config section: a preset name plus ModelConfig fields that override it."""
-    section = ml_collections.ConfigDict({"preset": preset})
-    for name, value in overrides.items():
-        section[name] = value
-    return section
+class _Section:
+    """Base of the sections: Literal fields hold one of their choices; `_positive` names positive-int fields."""
+
+    section: ClassVar[str]
+    _positive: ClassVar[tuple[str, ...]] = ()
+
+    def __post_init__(self):
+        hints = typing.get_type_hints(type(self))
+        for field in dataclasses.fields(self):
+            value, hint = getattr(self, field.name), hints[field.name]
+            if typing.get_origin(hint) is Literal and value not in typing.get_args(hint):
+                raise ConfigError(f"{self.section}.{field.name}={value!r} is unknown; use one of "
+                                  f"{typing.get_args(hint)}.")
+        for name in self._positive:
+            if not _positive_int(getattr(self, name)):
+                raise ConfigError(f"{self.section}.{name}={getattr(self, name)!r} must be a positive integer.")
+        self._validate()
+
+    def _validate(self) -> None:
+        """Checks beyond choices and positive integers."""
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
 
 
-def default_config() -> ml_collections.ConfigDict:
-    """Every field an experiment may set, with the paper's constants (§5.3, §5.4) as defaults."""
-    config = ml_collections.ConfigDict()
-    config.model = model_section("base")
-    config.data = ml_collections.ConfigDict(dict(
-        source="builtin",  # a kind of transformer_jax.data.sources.make_source: builtin | local | multi30k | tfds
-        path="",  # directory of local/multi30k files, or tfds data_dir
-        source_lang="en",
-        target_lang="de",
-        options=ml_collections.ConfigDict(),  # further keyword options of the source
-        vocab_size=37000,  # shared SentencePiece vocabulary (§5.1)
-        tokenizer_model_type="bpe",
-        tokenizer_max_sentences=1_000_000,
-        # Padded positions per side of a batch (rows x bucket length, pad included): the static shapes jit sees.
-        # Real tokens are fewer (~72% with the default buckets on WMT-like lengths; experiments/base.py sets 35000
-        # for §5.1's ~25000 source + ~25000 target tokens).
-        tokens_per_batch=35000,
-        max_len=256,
-        pack=False,
-        bucket_boundaries=(),  # () = data.batching.default_bucket_boundaries(max_len)
-        eval_batch_size=64,
-        max_eval_batches=0,  # 0 = the whole validation split
-    ))
-    config.train = ml_collections.ConfigDict(dict(
-        steps=100_000,  # optimizer updates
-        max_minutes=0.0,  # time budget of a train command (0 = none): stop, checkpoint and evaluate when spent
-        **OPTIMIZER_DEFAULTS,
-        label_smoothing=0.1,
-        seed=0,
-        accum_steps=1,  # micro-batches per update (each of data.tokens_per_batch tokens)
-        log_every=100,
-        eval_every=5000,
-        checkpoint_every=5000,
-        keep_checkpoints=5,
-        async_checkpoints=True,
-        progress=True,
-        dropout_prng="rbg_threefry",  # RngBitGenerator: "rbg_threefry" (fastest on CPU) | "rbg" (Philox; TPU hardware) | "threefry" (same masks on every layout)
-        fast_compile=False,  # XLA optimization level 0: 2-3x faster CPU compiles, slower steps (tests, smoke runs)
-        bleu_every=0,  # greedy BLEU / chrF of the validation split every this many updates (0 = never)
-        bleu_max_sentences=500,  # the first this many validation pairs for the periodic BLEU
-        final_bleu="beam",  # the whole validation split at the end: 'beam' (decode section) | 'greedy' | 'none'
-    ))
-    config.decode = ml_collections.ConfigDict(dataclasses.asdict(DecodeConfig()))  # §6.1: beam 4, alpha 0.6, +50
-    config.mesh = ml_collections.ConfigDict(dict(
-        data=-1, fsdp=1, tensor=1,
-        rules="auto",  # 'auto' (shard over every mesh axis of size > 1) | one of parallel.RULE_TABLES
-        mode="jit",  # 'jit' (jax.jit over the mesh) | 'pmap' (replicated data parallelism)
-    ))
-    # Every field transformer_jax.distributed.initialize reads; None = from the environment / auto-detection.
-    config.distributed = ml_collections.ConfigDict(dataclasses.asdict(DistributedConfig()))
-    return config
+# How dropout masks are drawn (train/step.py: dropout_key).
+DropoutPrng = Literal["rbg_threefry", "rbg", "threefry"]
+DROPOUT_PRNGS = typing.get_args(DropoutPrng)
+
+# Data sources with files in a directory (`data.path`).
+SOURCES_WITH_DIRECTORY = ("local", "multi30k")
 
 
-def decode_config(config: ml_collections.ConfigDict) -> DecodeConfig:
-    """The DecodeConfig of the `decode` section."""
+@dataclasses.dataclass(frozen=True)
+class DataConfig(_Section):
+    """Parallel text, the shared SentencePiece vocabulary (§5.1) and how batches are cut."""
+
+    section: ClassVar[str] = "data"
+    _positive: ClassVar[tuple[str, ...]] = ("vocab_size", "tokens_per_batch", "max_len", "eval_batch_size",
+                                            "tokenizer_max_sentences")
+
+    source: Literal["builtin", "local", "multi30k", "tfds"] = "builtin"  # transformer_jax.data.sources
+    path: str = ""  # directory of local / multi30k files, or the tfds data_dir
+    source_lang: str = "en"
+    target_lang: str = "de"
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # further keyword options of the source
+    vocab_size: int = 37000  # shared source/target BPE vocabulary (§5.1); the model's vocab_size follows it
+    tokenizer_model_type: Literal["bpe", "unigram"] = "bpe"
+    tokenizer_max_sentences: int = 1_000_000
+    # Padded positions per side of a batch (rows x bucket length, pad included): the static shapes jit sees.
+    # Real tokens are fewer (~72% with the default buckets on WMT-like lengths; experiments/base.py sets 35000
+    # for §5.1's ~25000 source + ~25000 target tokens).
+    tokens_per_batch: int = 35000
+    max_len: int = 256
+    pack: bool = False
+    bucket_boundaries: tuple[int, ...] = ()  # () = data.batching.default_bucket_boundaries(max_len)
+    eval_batch_size: int = 64
+    max_eval_batches: int = 0  # 0 = the whole validation split
+
+    def _validate(self) -> None:
+        if not all(_positive_int(length) for length in self.bucket_boundaries):
+            raise ConfigError(f"data.bucket_boundaries={self.bucket_boundaries!r} must be positive lengths.")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig(_Section):
+    """Adam and the warm-up / inverse-square-root learning rate (§5.3); read by train/optimizer.make_optimizer.
+
+    lrate = lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5); no clipping in the paper.
+    """
+
+    section: ClassVar[str] = "optimizer"
+    _positive: ClassVar[tuple[str, ...]] = ("warmup_steps",)
+
+    warmup_steps: int = 4000
+    lr_scale: float = 1.0
+    adam_b1: float = 0.9
+    adam_b2: float = 0.98
+    adam_eps: float = 1e-9
+    clip_grad_norm: float = 0.0  # global-norm clipping; 0 = off
+
+    def _validate(self) -> None:
+        if self.lr_scale <= 0:
+            raise ConfigError(f"optimizer.lr_scale={self.lr_scale} must be positive.")
+        for name in ("adam_b1", "adam_b2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"optimizer.{name}={getattr(self, name)} must lie in [0, 1).")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig(_Section):
+    """The run: its length or time budget, the loss, seeds, intervals, checkpoints, what to report."""
+
+    section: ClassVar[str] = "train"
+    _positive: ClassVar[tuple[str, ...]] = ("steps", "accum_steps", "log_every", "eval_every", "checkpoint_every",
+                                            "keep_checkpoints", "bleu_max_sentences")
+
+    steps: int = 100_000  # optimizer updates
+    max_minutes: float = 0.0  # time budget of a train command (0 = none): stop, checkpoint and evaluate when spent
+    label_smoothing: float = 0.1  # §5.4
+    seed: int = 0
+    accum_steps: int = 1  # micro-batches per update (each of data.tokens_per_batch tokens)
+    log_every: int = 100
+    eval_every: int = 5000
+    checkpoint_every: int = 5000
+    keep_checkpoints: int = 5
+    async_checkpoints: bool = True
+    progress: bool = True
+    # Dropout mask bits (train/step.py: dropout_key), all drawn from (seed, step) so a resumed run is exact: XLA's
+    # RngBitGenerator with Threefry (fastest on a CPU) or its default algorithm (Philox on CPU, the TPU hardware
+    # generator), or JAX's threefry keys (the same masks on every device layout).
+    dropout_prng: DropoutPrng = "rbg_threefry"
+    fast_compile: bool = False  # XLA optimization level 0: 2-3x faster CPU compiles, slower steps (tests, smoke runs)
+    bleu_every: int = 0  # greedy BLEU / chrF of the validation split every this many updates (0 = never)
+    bleu_max_sentences: int = 500  # the first this many validation pairs for the periodic BLEU
+    final_bleu: Literal["beam", "greedy", "none"] = "beam"  # the whole validation split at the end
+
+    def _validate(self) -> None:
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(f"train.label_smoothing={self.label_smoothing} must lie in [0, 1).")
+        if isinstance(self.max_minutes, bool) or not isinstance(self.max_minutes, (int, float)) or \
+                self.max_minutes < 0:
+            raise ConfigError(f"train.max_minutes={self.max_minutes!r} must be a number of minutes >= 0 "
+                              f"(0 = no budget).")
+        if not isinstance(self.bleu_every, int) or self.bleu_every < 0:
+            raise ConfigError(f"train.bleu_every={self.bleu_every!r} must be a non-negative integer (0 = off).")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig(_Section):
+    """How to decode. §6.1: "beam search with a beam size of 4 and length penalty alpha = 0.6 ... maximum
+    output length to input length + 50, but terminate early when possible"."""
+
+    section: ClassVar[str] = "decode"
+    _positive: ClassVar[tuple[str, ...]] = ("beam_size",)
+
+    # Each field's `help` is its command-line help (`--beam-size`, ... in translate / evaluate).
+    beam_size: int = dataclasses.field(default=4, metadata={"help": "hypotheses kept (§6.1: 4)"})
+    alpha: float = dataclasses.field(default=0.6, metadata={
+        "help": "GNMT length penalty ((5 + |Y|) / 6) ** alpha, |Y| counting the EOS (§6.1: 0.6)"})
+    extra_length: int = dataclasses.field(default=50, metadata={
+        "help": "per sentence: output length <= source length + this (§6.1: 50)"})
+    max_decode_len: int | None = dataclasses.field(default=None, metadata={
+        "help": "static output buffer (default: padded source width + extra length)"})
+    gather: Literal["take", "one_hot"] = dataclasses.field(default="take", metadata={
+        "help": "reordering hypotheses: 'take' (batched gather) or 'one_hot' (matmuls, t5x's choice on TPUs)"})
+
+    def _validate(self) -> None:
+        if not isinstance(self.extra_length, int) or self.extra_length < 0:
+            raise ConfigError(f"decode.extra_length must be a non-negative integer, got {self.extra_length!r}.")
+        if self.max_decode_len is not None and not _positive_int(self.max_decode_len):
+            raise ConfigError(f"decode.max_decode_len must be None or a positive integer, got "
+                              f"{self.max_decode_len!r}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig(_Section):
+    """The ('data', 'fsdp', 'tensor') device mesh (-1 = every remaining device), its rule table, the step's mode."""
+
+    section: ClassVar[str] = "mesh"
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+    # 'auto' shards over every mesh axis of size > 1; the others name a table of parallel.RULE_TABLES.
+    rules: Literal["auto", "dp", "fsdp", "tensor", "fsdp_tensor"] = "auto"
+    mode: Literal["jit", "pmap"] = "jit"  # jax.jit over the mesh | replicated data parallelism (train/pmap_step.py)
+
+    @property
+    def shape(self) -> dict[str, int]:
+        """Axis sizes for parallel.make_mesh."""
+        return {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+
+    def _validate(self) -> None:
+        for axis in ("data", "fsdp", "tensor"):
+            size = getattr(self, axis)
+            if not (_positive_int(size) or size == -1):
+                raise ConfigError(f"mesh.{axis}={size!r} must be a positive device count or -1 (the rest).")
+        if self.mode == "pmap" and (self.fsdp != 1 or self.tensor != 1):
+            raise ConfigError(f"mesh.mode='pmap' is data parallel only, but the mesh asks for fsdp={self.fsdp}, "
+                              f"tensor={self.tensor}; use mesh.mode='jit' for FSDP / tensor parallelism.")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig(_Section):
+    """How this process joins a multi-process run (transformer_jax.distributed). None fields come from the
+    environment / auto-detection.
+
+    enabled: True = always call jax.distributed.initialize (e.g. on a Cloud TPU pod slice, where JAX detects
+    everything); False = never; None = only when a setting is given or a launcher (SLURM, Open MPI) says there are
+    several processes.
+    cpu_collectives: 'gloo' (JAX's default) or 'mpi', for cross-process collectives of CPU devices.
+    """
+
+    section: ClassVar[str] = "distributed"  # checked with the environment by distributed.resolve_config
+
+    enabled: bool | None = None
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    local_device_ids: tuple[int, ...] | None = None
+    initialization_timeout: int = 300
+    heartbeat_timeout: int = 100
+    cluster_detection_method: str | None = None
+    cpu_collectives: str | None = None
+
+
+# ModelConfig fields that the tokenizer decides (data.vocab_size; the special ids of data/tokenizer.py).
+TOKENIZER_FIELDS = ("vocab_size", "pad_id", "bos_id", "eos_id")
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """The whole configuration of a run. `model.vocab_size` always equals `data.vocab_size`."""
+
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    decode: DecodeConfig = dataclasses.field(default_factory=DecodeConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
+
+    def __post_init__(self):
+        if self.model.vocab_size != self.data.vocab_size:
+            try:
+                object.__setattr__(self, "model", self.model.replace(vocab_size=self.data.vocab_size))
+            except ValueError as error:
+                raise ConfigError(f"data.vocab_size={self.data.vocab_size}: {error}") from None
+        if self.data.max_len > self.model.max_len:
+            raise ConfigError(f"data.max_len={self.data.max_len} exceeds the model's max_len={self.model.max_len} "
+                              f"(positions table); raise --config.model.max_len or lower data.max_len.")
+
+    def replace(self, **changes) -> Experiment:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """JSON-able: tuples as lists, dtypes by name."""
+        return json.loads(json.dumps(dataclasses.asdict(self), default=str))
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> Experiment:
+        """From `to_dict()` output (a workdir's config.json); sections left out keep their defaults."""
+        values = _upgrade(values)
+        unknown = sorted(set(values) - set(SECTIONS))
+        if unknown:
+            raise ConfigError(f"unknown config sections {unknown}; known: {sorted(SECTIONS)}.")
+        sections = {}
+        for name, fields in values.items():
+            section_cls = SECTIONS[name]
+            known = {field.name for field in dataclasses.fields(section_cls)}
+            if set(fields) - known:
+                raise ConfigError(f"unknown fields {sorted(set(fields) - known)} in section {name!r}; known: "
+                                  f"{sorted(known)}.")
+            sections[name] = _build(section_cls, name, {key: _as_tuples(value) for key, value in fields.items()})
+        return cls(**sections)
+
+
+SECTIONS: dict[str, type] = typing.get_type_hints(Experiment)  # section name -> its dataclass
+
+
+def _build(section_cls: type, name: str, fields: Mapping[str, Any]):
+    """section_cls(**fields), its ValueErrors (ModelConfig's) as ConfigErrors naming the section."""
     try:
-        return DecodeConfig(**config.decode.to_dict())
+        return section_cls(**fields)
+    except ConfigError:
+        raise
     except (TypeError, ValueError) as error:
-        raise ConfigError(f"decode section: {error}") from error
+        raise ConfigError(f"{name} section: {error}") from None
 
 
-def load_config_file(path: str | Path) -> ml_collections.ConfigDict:
-    """Runs `get_config()` of a Python config file and returns it locked (unknown fields are errors)."""
+def _as_tuples(value: Any) -> Any:
+    """JSON has lists where the config holds tuples (bucket_boundaries, ...)."""
+    if isinstance(value, list):
+        return tuple(_as_tuples(item) for item in value)
+    if isinstance(value, dict):
+        return {key: _as_tuples(item) for key, item in value.items()}
+    return value
+
+
+def _upgrade(values: Mapping[str, Any]) -> dict:
+    """A config.json of version 0.1 (one `train` section with the Adam fields, a model `preset` name) in today's
+    layout, so that older workdirs still replay and resume."""
+    values = {name: dict(section) for name, section in values.items()}
+    values.get("model", {}).pop("preset", None)
+    train = values.get("train", {})
+    moved = {name: train.pop(name) for name in [f.name for f in dataclasses.fields(OptimizerConfig)] if name in train}
+    if moved:
+        values["optimizer"] = {**moved, **values.get("optimizer", {})}
+    return values
+
+
+# --------------------------------------------------------------------------------------- files and overrides
+
+
+def load_config_file(path: str | Path) -> Experiment:
+    """The Experiment of a Python file's `get_config()`, or of a workdir's config.json (replays that run)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} not found; e.g. --config experiments/tiny.py")
-    if path.suffix == ".json":  # a workdir's config.json: replay that run's settings
-        config = ml_collections.ConfigDict(_lists_as_tuples(json.loads(path.read_text())))
-        config.lock()
-        return config
+    if path.suffix == ".json":
+        try:
+            return Experiment.from_dict(json.loads(path.read_text()))
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"{path} is not valid JSON ({error}).") from None
     spec = importlib.util.spec_from_file_location(f"_experiment_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"{path} is not a Python file; give an experiments/*.py file or a workdir's config.json.")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not hasattr(module, "get_config"):
-        raise ConfigError(f"{path} has no get_config() function.")
-    config = module.get_config()
-    config.lock()
-    return config
+    try:
+        spec.loader.exec_module(module)
+        experiment = module.get_config() if hasattr(module, "get_config") else None
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from None
+    except ValueError as error:  # ModelConfig / DecodeConfig
+        raise ConfigError(f"{path}: {error}") from None
+    if not isinstance(experiment, Experiment):
+        raise ConfigError(f"{path} must define get_config() returning a transformer_jax.experiment.Experiment.")
+    return experiment
 
 
-def _lists_as_tuples(value: Any) -> Any:
-    """JSON has lists where configs hold tuples (bucket_boundaries, ...)."""
-    if isinstance(value, dict):
-        return {key: _lists_as_tuples(item) for key, item in value.items()}
-    return tuple(value) if isinstance(value, list) else value
+def load_experiment(path: str | Path, overrides: Iterable[tuple[str, str]] = ()) -> Experiment:
+    """`load_config_file(path)` with ('section.field', 'text') overrides applied."""
+    return apply_overrides(load_config_file(path), overrides)
 
 
-def _parse_value(text: str, current: Any, field: str) -> Any:
-    if isinstance(current, bool):
+def apply_overrides(experiment: Experiment, overrides: Iterable[tuple[str, str]]) -> Experiment:
+    """A new Experiment with ('train.steps', '100') pairs applied, each parsed by the field's declared type.
+
+    Unknown fields are errors that list the known ones; `data.options.NAME` takes any name (an option of the
+    source); the values are checked by the sections as they are rebuilt.
+    """
+    for dotted, text in overrides:
+        section_name, _, name = dotted.partition(".")
+        if section_name not in SECTIONS or not name:
+            raise ConfigError(f"--config.{dotted}: no section {section_name!r}; known: {sorted(SECTIONS)}.")
+        section = getattr(experiment, section_name)
+        if dotted.startswith("data.options."):
+            option = dotted.removeprefix("data.options.")
+            value = {**section.options, option: _parse(text, Any, dotted)}
+            name = "options"
+        else:
+            known = sorted(field.name for field in dataclasses.fields(section))
+            if name not in known:
+                hint = (" (vocab_size and the special ids come from the SentencePiece model; set data.vocab_size)"
+                        if section_name == "model" and name in TOKENIZER_FIELDS else "")
+                raise ConfigError(f"--config.{dotted}: unknown field {name!r}{hint}; known fields of "
+                                  f"{section_name}: {known}.")
+            if section_name == "model" and name in TOKENIZER_FIELDS:
+                raise ConfigError(f"--config.{dotted}: vocab_size and the special ids come from the SentencePiece "
+                                  f"model; set data.vocab_size.")
+            value = _parse(text, typing.get_type_hints(type(section))[name], dotted)
+        changed = _build(type(section), section_name, {**_fields(section), name: value})
+        try:
+            experiment = experiment.replace(**{section_name: changed})
+        except ConfigError:
+            raise
+        except ValueError as error:
+            raise ConfigError(f"--config.{dotted}={text!r}: {error}") from None
+    return experiment
+
+
+def _fields(section) -> dict[str, Any]:
+    return {field.name: getattr(section, field.name) for field in dataclasses.fields(section)}
+
+
+def _parse(text: str, hint: Any, dotted: str) -> Any:
+    """The value of `--config.{dotted}={text}` for a field annotated `hint`."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [arg for arg in args if arg is not type(None)]
+        if text.strip().lower() in ("none", "null") and len(options) < len(args):
+            return None
+        return _parse(text, options[0], dotted)
+    if origin is Literal or hint is str:
+        return text
+    if hint is bool:
         lowered = text.strip().lower()
         if lowered in ("1", "true", "yes", "on"):
             return True
         if lowered in ("0", "false", "no", "off"):
             return False
-        raise ConfigError(f"--config.{field}={text!r}: expected true or false.")
-    if isinstance(current, str):
-        return text
+        raise ConfigError(f"--config.{dotted}={text!r}: expected true or false.")
     try:
         value = ast.literal_eval(text)
     except (ValueError, SyntaxError):
-        if current is None:
+        if hint is Any:  # e.g. model.dtype=bfloat16
             return text
-        raise ConfigError(f"--config.{field}={text!r}: expected a {type(current).__name__}.") from None
-    if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
+        raise ConfigError(f"--config.{dotted}={text!r}: expected {_type_name(hint)}.") from None
+    if hint is Any:
+        return value
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if isinstance(current, tuple) and isinstance(value, (list, tuple)):
-        return tuple(value)
-    if isinstance(current, tuple) and isinstance(value, (int, float)):
-        return (value,)
-    if current is not None and not isinstance(value, type(current)):
-        raise ConfigError(f"--config.{field}={text!r}: expected a {type(current).__name__}, "
-                          f"got a {type(value).__name__}.")
+    if origin is tuple:
+        return tuple(value) if isinstance(value, (list, tuple)) else (value,)
+    if not isinstance(value, origin or hint) or (isinstance(value, bool) and hint is not bool):
+        raise ConfigError(f"--config.{dotted}={text!r}: expected {_type_name(hint)}, got {type(value).__name__}.")
     return value
 
 
-def apply_overrides(config: ml_collections.ConfigDict, overrides: Iterable[tuple[str, str]]) -> None:
-    """Applies ('train.steps', '100') pairs. Unknown fields are errors that list the known ones.
-
-    In `model`, any ModelConfig field may be set (it overrides the preset); in `data.options` any name.
-    """
-    for dotted, text in overrides:
-        *parents, name = dotted.split(".")
-        node = config
-        for index, parent in enumerate(parents):
-            if not isinstance(node, ml_collections.ConfigDict) or parent not in node:
-                known = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
-                raise ConfigError(f"--config.{dotted}: no section {'.'.join(parents[:index + 1])!r}; "
-                                  f"known: {known}.")
-            node = node[parent]
-        if not isinstance(node, ml_collections.ConfigDict):
-            raise ConfigError(f"--config.{dotted}: {'.'.join(parents)} is not a section.")
-        open_section = parents == ["model"] or parents == ["data", "options"]
-        if name in node:
-            current = node[name]
-        elif parents == ["model"] and name in MODEL_FIELDS:
-            current = getattr(ModelConfig, name, None)
-            current = current if isinstance(current, (bool, int, float, str)) else None
-        elif parents == ["data", "options"]:
-            current = None
-        else:
-            known = sorted(set(node.keys()) | (set(MODEL_FIELDS) if parents == ["model"] else set()))
-            hint = (" (vocab_size and the special ids come from the SentencePiece model; set data.vocab_size)"
-                    if parents == ["model"] and name in TOKENIZER_FIELDS else "")
-            raise ConfigError(f"--config.{dotted}: unknown field {name!r}{hint}; known fields of "
-                              f"{'.'.join(parents) or 'the config'}: {known}.")
-        value = _parse_value(text, current, dotted)
-        if open_section and name not in node:
-            with node.unlocked():
-                node[name] = value
-        else:
-            try:
-                node[name] = value
-            except TypeError as error:
-                raise ConfigError(f"--config.{dotted}={text!r}: {error}") from None
+def _type_name(hint: Any) -> str:
+    name = getattr(typing.get_origin(hint) or hint, "__name__", str(hint))
+    return f"an {name}" if name[0] in "aeiou" else f"a {name}"
 
 
-def complete_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """The config with every default field present (experiment files may set only what they change)."""
-    merged = default_config()
-    unknown = []
-
-    def merge(into, values, prefix):
-        for key, value in values.items():
-            free = prefix in ("model.", "data.options.")
-            if key not in into and not free:
-                unknown.append(prefix + key)
-            elif isinstance(value, (dict, ml_collections.ConfigDict)) and key in into and \
-                    isinstance(into[key], ml_collections.ConfigDict) and prefix + key != "model":
-                merge(into[key], value, f"{prefix}{key}.")
-            else:
-                into[key] = value
-
-    merge(merged, config, "")
-    if unknown:
-        raise ConfigError(f"unknown config fields {unknown}; see transformer_jax.experiment.default_config().")
-    if "model" in config:
-        merged.model = ml_collections.ConfigDict(config.model.to_dict() if hasattr(config.model, "to_dict")
-                                                 else dict(config.model))
-    merged.lock()
-    return merged
-
-
-def model_config(model: ml_collections.ConfigDict | dict, *, vocab_size: int, pad_id: int = 0, bos_id: int = 1,
-                 eos_id: int = 2) -> ModelConfig:
-    """ModelConfig = preset(**overrides) with the tokenizer's vocabulary size and special ids."""
-    fields = dict(model.to_dict() if hasattr(model, "to_dict") else model)
-    preset = fields.pop("preset", "base")
-    if preset not in PRESETS:
-        raise ConfigError(f"model.preset={preset!r} is unknown; use one of {sorted(PRESETS)}.")
-    unknown = sorted(set(fields) - set(MODEL_FIELDS) - set(TOKENIZER_FIELDS))
-    if unknown:
-        raise ConfigError(f"model fields {unknown} are not ModelConfig fields; known: {sorted(MODEL_FIELDS)}.")
-    for name in TOKENIZER_FIELDS:
-        fields.pop(name, None)
-    try:
-        return PRESETS[preset](**fields, vocab_size=vocab_size, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id)
-    except ValueError as error:
-        raise ConfigError(f"model section: {error}") from error
-
-
-def validate_config(config: ml_collections.ConfigDict) -> None:
-    """Cheap checks of everything that would otherwise fail after minutes of work."""
-    from transformer_jax.data.sources import SOURCE_KINDS
-
-    placeholder = model_config(config.model, vocab_size=max(config.data.vocab_size, 8))
-    data, train = config.data, config.train
-    if data.source not in SOURCE_KINDS:
-        raise ConfigError(f"data.source={data.source!r} is unknown; use one of {sorted(SOURCE_KINDS)}.")
-    if data.source in SOURCES_WITH_DIRECTORY:
-        if not data.path:
-            raise ConfigError(f"data.source={data.source!r} needs the directory of its files: "
-                              f"--config.data.path=/path/to/dir (e.g. ../shared/data/multi30k).")
-        if not Path(data.path).is_dir():
-            raise ConfigError(f"data.path={data.path!r} is not a directory.")
-    positive = {"data.vocab_size": data.vocab_size, "data.tokens_per_batch": data.tokens_per_batch,
-                "data.max_len": data.max_len, "data.eval_batch_size": data.eval_batch_size,
-                "train.steps": train.steps, "train.warmup_steps": train.warmup_steps,
-                "train.accum_steps": train.accum_steps, "train.log_every": train.log_every,
-                "train.eval_every": train.eval_every, "train.checkpoint_every": train.checkpoint_every,
-                "train.keep_checkpoints": train.keep_checkpoints}
-    for name, value in positive.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ConfigError(f"{name}={value!r} must be a positive integer.")
-    if not 0.0 <= train.label_smoothing < 1.0:
-        raise ConfigError(f"train.label_smoothing={train.label_smoothing} must lie in [0, 1).")
-    if isinstance(train.max_minutes, bool) or not isinstance(train.max_minutes, (int, float)) or \
-            train.max_minutes < 0:
-        raise ConfigError(f"train.max_minutes={train.max_minutes!r} must be a number of minutes >= 0 (0 = no budget).")
-    if train.lr_scale <= 0:
-        raise ConfigError(f"train.lr_scale={train.lr_scale} must be positive.")
-    if not isinstance(train.bleu_every, int) or train.bleu_every < 0:
-        raise ConfigError(f"train.bleu_every={train.bleu_every!r} must be a non-negative integer (0 = off).")
-    if not isinstance(train.bleu_max_sentences, int) or train.bleu_max_sentences <= 0:
-        raise ConfigError(f"train.bleu_max_sentences={train.bleu_max_sentences!r} must be a positive integer.")
-    if train.final_bleu not in FINAL_BLEU_METHODS:
-        raise ConfigError(f"train.final_bleu={train.final_bleu!r} is unknown; use one of {FINAL_BLEU_METHODS}.")
-    if train.dropout_prng not in DROPOUT_PRNGS:
-        raise ConfigError(f"train.dropout_prng={train.dropout_prng!r} is unknown; use one of {DROPOUT_PRNGS}.")
-    decode_config(config)
-    if config.mesh.rules != "auto" and config.mesh.rules not in parallel.RULE_TABLES:
-        raise ConfigError(f"mesh.rules={config.mesh.rules!r} is unknown; use 'auto' or one of "
-                          f"{sorted(parallel.RULE_TABLES)}.")
-    try:
-        parallel.parallel_mode(config.mesh)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-    if data.max_len > placeholder.max_len:
-        raise ConfigError(f"data.max_len={data.max_len} exceeds the model's max_len={placeholder.max_len} "
-                          f"(positions table); raise --config.model.max_len or lower data.max_len.")
-
-
-def resolved_config_dict(config: ml_collections.ConfigDict, model_cfg: ModelConfig) -> dict:
-    """The config as JSON-able dict, with the model section complete (preset + every ModelConfig field)."""
-    out = json.loads(json.dumps(config.to_dict(), default=list))
-    model = {f.name: getattr(model_cfg, f.name) for f in dataclasses.fields(ModelConfig)}
-    model["dtype"], model["param_dtype"] = str(jnp.dtype(model_cfg.dtype)), str(jnp.dtype(model_cfg.param_dtype))
-    out["model"] = {"preset": config.model.get("preset", "base"), **model}
-    return out
-
+# ---------------------------------------------------------------------------------------------------- resume
 
 # Fields a resumed run may not change: they define the model or the data stream the checkpoint continues.
 RESUME_FIXED = ("model.", "data.source", "data.options.", "data.source_lang", "data.target_lang", "data.vocab_size",
@@ -329,58 +450,28 @@ RESUME_FIXED = ("model.", "data.source", "data.options.", "data.source_lang", "d
                 "train.seed", "train.accum_steps")
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+def _flatten(tree: Mapping, prefix: str = "") -> dict[str, Any]:
     out = {}
     for key, value in tree.items():
-        if isinstance(value, dict):
+        if isinstance(value, Mapping):
             out.update(_flatten(value, f"{prefix}{key}."))
         else:
             out[prefix + key] = value
     return out
 
 
-def resume_changes(saved: dict, new: dict) -> tuple[list[str], list[str]]:
-    """(refused, allowed): 'field: old → new' lines between a workdir's config.json and the new resolved config.
+def resume_changes(saved: Mapping, new: Mapping) -> tuple[list[str], list[str]]:
+    """(refused, allowed): 'field: old → new' lines between a workdir's config.json and the new `to_dict()`.
 
     Refused changes alter the model or the data stream the checkpoint continues (RESUME_FIXED); the others
     (schedule, intervals, steps, budget, decoding, mesh, ...) are allowed and reported.
     """
-    old, updated = _flatten(saved), _flatten(new)
-    refused, allowed = [], []
+    old, updated = _flatten(_upgrade(saved)), _flatten(new)
+    refused: list[str] = []
+    allowed: list[str] = []
     for field in sorted(set(old) | set(updated)):
         before, after = old.get(field, "(unset)"), updated.get(field, "(unset)")
         if before != after:
             line = f"{field}: {before!r} → {after!r}"
             (refused if field.startswith(RESUME_FIXED) else allowed).append(line)
     return refused, allowed
-
-
-def make_source_from_config(data: ml_collections.ConfigDict, splits: tuple[str, ...] = ("train", "validation")):
-    """The parallel-text source of the `data` section; a missing file of `splits` (directory sources) fails here."""
-    from transformer_jax.data.sources import make_source
-
-    options = dict(data.options.to_dict()) if data.options else {}
-    if data.source in SOURCES_WITH_DIRECTORY:
-        options.setdefault("directory", data.path)
-    if data.source == "tfds" and data.path:
-        options.setdefault("data_dir", data.path)
-    if data.source != "builtin":
-        options.setdefault("source_lang", data.source_lang)
-        options.setdefault("target_lang", data.target_lang)
-    try:
-        source = make_source(data.source, **options)
-    except TypeError as error:  # an unknown or misspelt name in data.options
-        raise ConfigError(f"data.options: {error}") from None
-    if data.source in SOURCES_WITH_DIRECTORY:  # fail now, naming the missing file, not after tokenizer training
-        for split in splits:
-            for lang in (source.source_lang, source.target_lang):
-                source.path(split, lang)
-    return source
-
-
-def check_splits_not_empty(source) -> None:
-    """Training needs a pair in 'train' (the tokenizer learns from it) and in 'validation'; checked before any work."""
-    for split, field in (("train", "data.path / data.source"), ("validation", "data.path / data.source")):
-        if next(iter(source.pairs(split)), None) is None:
-            raise ConfigError(f"the {split} split of data.source={source.__class__.__name__} has no sentence pairs "
-                              f"(empty files, or every pair skipped as empty or too long); check {field}.")

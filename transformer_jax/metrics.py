@@ -58,6 +58,7 @@ def score(hypotheses: Sequence[str], references: Sequence[str], *, moses_lang: s
     bleu_lowercase = sacrebleu.metrics.BLEU(lowercase=True)
     chrf = sacrebleu.metrics.CHRF()
     refs = [list(references)]
+    moses = moses_lowercase_bleu(hypotheses, references, moses_lang) if moses_lang else (None, None)
     return Scores(
         bleu=bleu.corpus_score(hypotheses, refs).score,
         bleu_lowercase=bleu_lowercase.corpus_score(hypotheses, refs).score,
@@ -66,6 +67,6 @@ def score(hypotheses: Sequence[str], references: Sequence[str], *, moses_lang: s
         bleu_lowercase_signature=str(bleu_lowercase.get_signature()),
         chrf_signature=str(chrf.get_signature()),
         sentences=len(hypotheses),
-        **dict(zip(("bleu_moses_lowercase", "bleu_moses_lowercase_signature"),
-                   moses_lowercase_bleu(hypotheses, references, moses_lang) if moses_lang else (None, None))),
+        bleu_moses_lowercase=moses[0],
+        bleu_moses_lowercase_signature=moses[1],
     )

@@ -22,6 +22,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from transformer_jax.experiment import MeshConfig
+
 MESH_AXES = ("data", "fsdp", "tensor")
 
 Rules = Sequence[tuple[str, Any]]
@@ -71,7 +73,13 @@ def mesh_axis_names(entry: Any) -> tuple[str, ...]:
 
 def logical_sharding(mesh: Mesh, logical_axes: Sequence[str | None], rules: Rules = DEFAULT_RULES) -> NamedSharding:
     """NamedSharding of one array whose dimensions have the given logical names."""
-    return NamedSharding(mesh, nn.logical_to_mesh_axes(tuple(logical_axes), rules))
+    return NamedSharding(mesh, _mesh_spec(logical_axes, rules))
+
+
+def _mesh_spec(logical_axes: Sequence[str | None], rules: Rules) -> PartitionSpec:
+    spec = nn.logical_to_mesh_axes(tuple(logical_axes), rules)
+    assert spec is not None  # None only for logical_axes=None
+    return spec
 
 
 def tree_shardings(boxed_tree: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Any:
@@ -114,7 +122,6 @@ def replicated(mesh: Mesh) -> NamedSharding:
 # ---------------------------------------------------------------------------------------------------------------
 
 PARAM_AXES = ("vocab", "embed", "heads", "kv", "mlp")
-PARALLEL_MODES = ("jit", "pmap")
 
 
 def make_rules(fsdp: bool = False, tensor: bool = False) -> Rules:
@@ -145,22 +152,13 @@ def rules_for_mesh(mesh: Mesh) -> Rules:
     return make_rules(fsdp=mesh.shape["fsdp"] > 1, tensor=mesh.shape["tensor"] > 1)
 
 
-def _get(section: Any, name: str, default: Any) -> Any:
-    """Field of a config section that may be a dict, an ml_collections.ConfigDict or any object (or None)."""
-    if section is None:
-        return default
-    if isinstance(section, Mapping) or hasattr(section, "keys"):
-        return section[name] if name in section.keys() else default  # noqa: SIM118 - any mapping-like
-    return getattr(section, name, default)
-
-
-def rules_from_config(mesh_cfg: Any, mesh: Mesh) -> Rules:
-    """Rules named by `mesh_cfg.rules` ('auto' (default) | 'dp' | 'fsdp' | 'tensor' | 'fsdp_tensor').
+def rules_from_config(mesh_cfg: MeshConfig, mesh: Mesh) -> Rules:
+    """Rules named by `mesh_cfg.rules` ('auto' | 'dp' | 'fsdp' | 'tensor' | 'fsdp_tensor'; experiment.MeshConfig).
 
     'auto' = `rules_for_mesh(mesh)`. A named table must fit the mesh: 'dp' on a mesh with fsdp > 1 would silently
     replicate what the user asked to shard, so it is an error.
     """
-    name = _get(mesh_cfg, "rules", "auto") or "auto"
+    name = mesh_cfg.rules
     if name == "auto":
         return rules_for_mesh(mesh)
     if name not in RULE_TABLES:
@@ -176,19 +174,6 @@ def rules_from_config(mesh_cfg: Any, mesh: Mesh) -> Rules:
     return RULE_TABLES[name]
 
 
-def parallel_mode(mesh_cfg: Any) -> str:
-    """`mesh_cfg.mode`: 'jit' (default; jax.jit over the Mesh) or 'pmap' (classic replicated data parallelism)."""
-    mode = _get(mesh_cfg, "mode", "jit") or "jit"
-    if mode not in PARALLEL_MODES:
-        raise ValueError(f"mesh.mode={mode!r} is unknown; use one of {PARALLEL_MODES}.")
-    if mode == "pmap":
-        sizes = {axis: _get(mesh_cfg, axis, 1) for axis in ("fsdp", "tensor")}
-        if any(size not in (1, None) for size in sizes.values()):
-            raise ValueError(f"mesh.mode='pmap' is data parallel only, but the mesh asks for {sizes}; "
-                             f"use mesh.mode='jit' for FSDP / tensor parallelism.")
-    return mode
-
-
 def logical_axis_sizes(model_cfg: Any) -> dict[str, int]:
     """Size of every parameter logical axis of a ModelConfig."""
     return {"vocab": model_cfg.vocab_size, "embed": model_cfg.d_model, "heads": model_cfg.num_heads,
@@ -199,8 +184,7 @@ def check_model_fits_mesh(model_cfg: Any, mesh: Mesh, rules: Rules = DEFAULT_RUL
     """Raises ValueError naming every model dimension that the mesh axes it is sharded over do not divide."""
     problems = []
     for name, size in logical_axis_sizes(model_cfg).items():
-        spec = nn.logical_to_mesh_axes((name,), rules)[0]
-        axes = mesh_axis_names(spec)
+        axes = mesh_axis_names(_mesh_spec((name,), rules)[0])
         shards = int(np.prod([mesh.shape[axis] for axis in axes])) if axes else 1
         if size % shards:
             problems.append(f"'{name}' (size {size}) is split over mesh axes {axes} of total size {shards}")
@@ -269,7 +253,7 @@ def data_shard(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> tuple[int, int]:
     names = mesh_axis_names(spec)
     shards = int(np.prod([mesh.shape[name] for name in names])) if names else 1
     index_map = sharding.addressable_devices_indices_map((shards, 1))
-    rows = sorted({(index[0].start or 0) for index in index_map.values()})
+    rows = sorted({(index[0].start or 0) for index in index_map.values() if index is not None})
     if rows != list(range(rows[0], rows[0] + len(rows))):
         raise ValueError(f"the batch rows of process {jax.process_index()} ({rows}) are not contiguous on the mesh "
                          f"{dict(mesh.shape)}; order the mesh's devices by process (parallel.make_mesh does).")

@@ -95,10 +95,10 @@ class Translator:
         if not 1 <= nbest <= limit:
             why = "greedy decoding keeps one hypothesis" if self.method == "greedy" else "the beam size"
             raise ValueError(f"nbest={nbest} must lie in [1, {limit}] ({why}); raise --beam-size for more.")
-        sources = [self.encode_source(line, number) if line.strip() else None
-                   for number, line in enumerate(lines, start=first_line)]
+        sources = {index: self.encode_source(line, number)  # line index -> ids, blank lines left out
+                   for index, (number, line) in enumerate(enumerate(lines, start=first_line)) if line.strip()}
         outputs = [[Hypothesis("", 0.0)] for _ in lines]
-        order = sorted((i for i, ids in enumerate(sources) if ids is not None), key=lambda i: len(sources[i]))
+        order = sorted(sources, key=lambda index: len(sources[index]))
         bar = tqdm(total=len(order), unit="sent", disable=not progress, desc=f"{self.method} decode",
                    leave=False)
         for batch_indices in self._batches(order, sources):
@@ -142,7 +142,7 @@ class Translator:
         """Sentences per batch at this padded width: batch_size, or as many as max_tokens allows."""
         return self.batch_size if self.max_tokens is None else max(1, self.max_tokens // width)
 
-    def _batches(self, order: list[int], sources: list) -> Iterator[list[int]]:
+    def _batches(self, order: list[int], sources: dict[int, list[int]]) -> Iterator[list[int]]:
         """Consecutive runs of the length-sorted `order`, each within the row count of its longest sentence."""
         start = 0
         while start < len(order):

@@ -88,13 +88,13 @@ def main(argv=None) -> dict:
     from transformer_jax import config as presets
     from transformer_jax import parallel
     from transformer_jax.accounting import forward_flops
-    from transformer_jax.experiment import default_config
+    from transformer_jax.experiment import OptimizerConfig, TrainConfig
     from transformer_jax.interop import torch as interop
     from transformer_jax.train.optimizer import make_optimizer
     from transformer_jax.train.state import create_train_state
 
     torch.set_num_threads(args.threads)
-    train_cfg = default_config().train
+    train_cfg, optimizer_cfg = TrainConfig(), OptimizerConfig()
     mesh = parallel.make_mesh()
 
     def matmul_gflops() -> dict:
@@ -121,9 +121,9 @@ def main(argv=None) -> dict:
         model.load_state_dict(interop.flax_to_torch_state_dict(params, cfg))
         model.train()
         forward = torch.compile(model) if compiled else model
-        adam = torch.optim.Adam(model.parameters(), lr=1.0, betas=(train_cfg.adam_b1, train_cfg.adam_b2),
-                                eps=train_cfg.adam_eps)
-        warmup, scale = train_cfg.warmup_steps, train_cfg.lr_scale
+        adam = torch.optim.Adam(model.parameters(), lr=1.0, betas=(optimizer_cfg.adam_b1, optimizer_cfg.adam_b2),
+                                eps=optimizer_cfg.adam_eps)
+        warmup, scale = optimizer_cfg.warmup_steps, optimizer_cfg.lr_scale
         schedule = torch.optim.lr_scheduler.LambdaLR(
             adam, lambda e: scale * cfg.d_model ** -0.5 * min((e + 1) ** -0.5, (e + 1) * warmup ** -1.5))
         criterion = torch.nn.CrossEntropyLoss(label_smoothing=train_cfg.label_smoothing, ignore_index=cfg.pad_id)
@@ -161,7 +161,7 @@ def main(argv=None) -> dict:
             row = {"shape": name, "dtype": dtype, "rows": rows, "length": length, "tokens_per_step": tokens,
                    "train_gflop_per_step": flops / 1e9}
             jax_s, first = jax_step_seconds(cfg, batch)
-            params = jax.device_get(create_train_state(cfg, make_optimizer(train_cfg, cfg.d_model)[0], 0,
+            params = jax.device_get(create_train_state(cfg, make_optimizer(optimizer_cfg, cfg.d_model)[0], 0,
                                                        mesh)[0].params)
             runs = {"jax": jax_s, "torch_eager": torch_step_seconds(cfg, params, batch, dtype == "bfloat16", False)}
             if args.compile:

@@ -25,14 +25,14 @@ class LibraryStep:
     """
 
     def __init__(self, cfg, mesh, dropout_prng: str | None = None):
-        from transformer_jax.experiment import default_config
+        from transformer_jax.experiment import OptimizerConfig, TrainConfig
         from transformer_jax.model import Transformer
         from transformer_jax.train.optimizer import make_optimizer
         from transformer_jax.train.state import create_train_state
         from transformer_jax.train.step import jit_train_step, make_train_step
 
-        train_cfg = default_config().train
-        tx, schedule = make_optimizer(train_cfg, cfg.d_model)
+        train_cfg = TrainConfig()
+        tx, schedule = make_optimizer(OptimizerConfig(), cfg.d_model)
         self.state, shardings, _ = create_train_state(cfg, tx, 0, mesh)
         self.step = jit_train_step(make_train_step(Transformer(cfg), tx, schedule,
                                                    label_smoothing=train_cfg.label_smoothing,

@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from jax_vs_torch import SHAPES, set_threads  # noqa: E402
+from library_step import LibraryStep  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -78,18 +79,9 @@ def profile_jax(cfg, batch, steps: int) -> dict:
     import jax
 
     from transformer_jax import parallel
-    from transformer_jax.experiment import default_config
-    from transformer_jax.model import Transformer
-    from transformer_jax.train.optimizer import make_optimizer
-    from transformer_jax.train.state import create_train_state
-    from transformer_jax.train.step import jit_train_step, make_train_step
 
-    train_cfg = default_config().train
-    mesh = parallel.make_mesh()
-    tx, schedule = make_optimizer(train_cfg, cfg.d_model)
-    state, shardings, _ = create_train_state(cfg, tx, 0, mesh)
-    step = jit_train_step(make_train_step(Transformer(cfg), tx, schedule,
-                                          label_smoothing=train_cfg.label_smoothing), shardings, mesh)
+    library_step = LibraryStep(cfg, parallel.make_mesh())
+    step, state = library_step.step, library_step.state
     instructions = hlo_instructions(step.lower(state, batch).compile().as_text())
     for _ in range(3):
         state, metrics = step(state, batch)
@@ -127,19 +119,19 @@ def profile_torch(cfg, batch, steps: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from transformer_jax import parallel
-    from transformer_jax.experiment import default_config
+    from transformer_jax.experiment import OptimizerConfig, TrainConfig
     from transformer_jax.interop import torch as interop
     from transformer_jax.train.optimizer import make_optimizer
     from transformer_jax.train.state import create_train_state
 
-    train_cfg = default_config().train
-    params = jax.device_get(create_train_state(cfg, make_optimizer(train_cfg, cfg.d_model)[0], 0,
+    train_cfg, optimizer_cfg = TrainConfig(), OptimizerConfig()
+    params = jax.device_get(create_train_state(cfg, make_optimizer(optimizer_cfg, cfg.d_model)[0], 0,
                                                parallel.make_mesh())[0].params)
     model = interop.TorchTransformer(cfg)
     model.load_state_dict(interop.flax_to_torch_state_dict(params, cfg))
     model.train()
-    adam = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(train_cfg.adam_b1, train_cfg.adam_b2),
-                            eps=train_cfg.adam_eps)
+    adam = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(optimizer_cfg.adam_b1, optimizer_cfg.adam_b2),
+                            eps=optimizer_cfg.adam_eps)
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=train_cfg.label_smoothing, ignore_index=cfg.pad_id)
     src, tgt_in, tgt = (torch.as_tensor(batch[k], dtype=torch.long) for k in ("inputs", "decoder_inputs", "targets"))
 

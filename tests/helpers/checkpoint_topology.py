@@ -22,17 +22,16 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import json  # noqa: E402
 
 import jax  # noqa: E402
-import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
 from transformer_jax import checkpoint as ckpt  # noqa: E402
 from transformer_jax import parallel  # noqa: E402
 from transformer_jax.config import tiny  # noqa: E402
+from transformer_jax.experiment import OptimizerConfig  # noqa: E402
 from transformer_jax.train.optimizer import make_optimizer  # noqa: E402
 from transformer_jax.train.state import create_train_state, state_initializer  # noqa: E402
 
-TRAIN = ml_collections.ConfigDict(dict(warmup_steps=10, lr_scale=1.0, adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9,
-                                       clip_grad_norm=0.0))
+TRAIN = OptimizerConfig(warmup_steps=10)
 
 
 def flat_leaves(state) -> dict[str, np.ndarray]:

@@ -71,7 +71,9 @@ def main():
         run_loop(args, {k: v for k, v in settings.items() if v is not None}, started)
         return
     try:
-        info = distributed.initialize({k: v for k, v in settings.items() if v is not None})
+        from transformer_jax.experiment import DistributedConfig
+
+        info = distributed.initialize(DistributedConfig(**{k: v for k, v in settings.items() if v is not None}))
     except distributed.DistributedStartupError as error:
         print(f"DistributedStartupError: {error}", file=sys.stderr, flush=True)
         sys.exit(3)

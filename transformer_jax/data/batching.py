@@ -130,7 +130,8 @@ class TrainBatches:
         self.rows = {length: rows_for_length(length, tokens_per_batch, row_multiple)  # longest fails first
                      for length in reversed(self.boundaries)}  # bucket length -> rows per global batch
         self.epoch, self.index = 0, 0
-        self._plan_epoch, self._plan = -1, []
+        self._plan_epoch = -1
+        self._plan: list[tuple[int, list[Row]]] = []
 
     def state(self) -> dict[str, int]:
         return {"epoch": self.epoch, "index": self.index}
@@ -153,7 +154,8 @@ class TrainBatches:
 
     def _bucket_plan(self, order: np.ndarray) -> list[tuple[int, list[Row]]]:
         bucket_of = np.searchsorted(self.boundaries, self.lengths.max(axis=1))  # [pairs]
-        plan, filling = [], {length: [] for length in self.boundaries}
+        plan: list[tuple[int, list[Row]]] = []
+        filling: dict[int, list[Row]] = {length: [] for length in self.boundaries}
         for index in order:
             length = self.boundaries[bucket_of[index]]
             filling[length].append([int(index)])

@@ -432,7 +432,8 @@ def generate_corpus(seed: int = 0, split_sizes: dict[str, int] | None = None) ->
     seen: set[str] = set()
     corpus = {}
     for split in sorted(split_sizes, key=lambda name: name != "test"):
-        pairs, attempts = [], 0
+        pairs: list[tuple[str, str]] = []
+        attempts = 0
         while len(pairs) < split_sizes[split]:
             attempts += 1
             if attempts > 20 * split_sizes[split] + 1000:

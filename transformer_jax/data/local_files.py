@@ -22,7 +22,7 @@ MULTI30K_SPLIT_PREFIXES = {"train": "train", "validation": "val", "test": "test_
 
 
 def _open_binary(path: Path) -> IO[bytes]:
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # type: ignore[return-value]
 
 
 def _count_lines(path: Path) -> int:
@@ -83,10 +83,9 @@ class LocalFilesSource:
 
     @staticmethod
     def _zip_lines(source_path: Path, target_path: Path) -> Iterator[Pair]:
-        missing = object()
-        lines = itertools.zip_longest(read_lines(source_path), read_lines(target_path), fillvalue=missing)
+        lines = itertools.zip_longest(read_lines(source_path), read_lines(target_path))
         for source, target in lines:
-            if source is missing or target is missing:
+            if source is None or target is None:
                 raise ValueError(
                     f"Line counts differ: {source_path} has {_count_lines(source_path)} lines but "
                     f"{target_path} has {_count_lines(target_path)}; line i of one must translate line i "

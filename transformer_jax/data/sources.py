@@ -1,4 +1,4 @@
-"""`make_source(kind, **options)`: one entry point to every parallel-text source, for configs and the CLI.
+"""`make_source(kind, **options)`: one entry point to every parallel-text source; `source_from_config(data)`.
 
 Every source yields (source text, target text) pairs by split: 'train', 'validation', 'test'.
 """
@@ -8,11 +8,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
+from pathlib import Path
 
 from transformer_jax.data.builtin_corpus import BuiltinCorpusSource
 from transformer_jax.data.local_files import MULTI30K_SPLIT_PREFIXES, LocalFilesSource
 from transformer_jax.data.pairs import ParallelSource
 from transformer_jax.data.tfds_source import TfdsSource
+from transformer_jax.experiment import SOURCES_WITH_DIRECTORY, ConfigError, DataConfig
 
 SOURCE_KINDS: dict[str, Callable[..., ParallelSource]] = {
     "builtin": BuiltinCorpusSource,
@@ -31,5 +33,41 @@ def make_source(kind: str, **options) -> ParallelSource:
         return factory(**options)
     except TypeError as error:
         cls = factory.func if isinstance(factory, functools.partial) else factory
-        fields = [field.name for field in dataclasses.fields(cls) if field.init]
+        fields = [field.name for field in dataclasses.fields(cls) if field.init]  # type: ignore[arg-type]
         raise TypeError(f"Bad options for source {kind!r} ({error}); it takes {fields}.") from error
+
+
+def source_from_config(data: DataConfig, splits: tuple[str, ...] = ("train", "validation")) -> ParallelSource:
+    """The parallel-text source of the `data` section; a missing directory or file of `splits` fails here,
+    named, before any work."""
+    options = dict(data.options)
+    if data.source in SOURCES_WITH_DIRECTORY:
+        if not data.path:
+            raise ConfigError(f"data.source={data.source!r} needs the directory of its files: "
+                              f"--config.data.path=/path/to/dir (e.g. ../shared/data/multi30k).")
+        if not Path(data.path).is_dir():
+            raise ConfigError(f"data.path={data.path!r} is not a directory.")
+        options.setdefault("directory", data.path)
+    if data.source == "tfds" and data.path:
+        options.setdefault("data_dir", data.path)
+    if data.source != "builtin":
+        options.setdefault("source_lang", data.source_lang)
+        options.setdefault("target_lang", data.target_lang)
+    try:
+        source = make_source(data.source, **options)
+    except TypeError as error:  # an unknown or misspelt name in data.options
+        raise ConfigError(f"data.options: {error}") from None
+    if isinstance(source, LocalFilesSource):
+        for split in splits:
+            for lang in (source.source_lang, source.target_lang):
+                source.path(split, lang)
+    return source
+
+
+def check_splits_not_empty(source: ParallelSource) -> None:
+    """Training needs a pair in 'train' (the tokenizer learns from it) and in 'validation'; checked before any work."""
+    for split in ("train", "validation"):
+        if next(iter(source.pairs(split)), None) is None:
+            raise ConfigError(f"the {split} split of data.source={source.__class__.__name__} has no sentence pairs "
+                              f"(empty files, or every pair skipped as empty or too long); check data.path / "
+                              f"data.source.")

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh
+from jax.typing import ArrayLike
 
 from transformer_jax import parallel
 from transformer_jax.decoding.cache import (
@@ -36,6 +37,7 @@ from transformer_jax.decoding.cache import (
     StepFn,
     as_params,
     constrain_cache,
+    encode,
     gather_beams,
     init_cache,
     reorder_cache,
@@ -51,7 +53,7 @@ from transformer_jax.decoding.config import (
 
 
 class BeamState(NamedTuple):
-    index: jnp.ndarray  # [] tokens generated so far by every live hypothesis
+    step: jnp.ndarray  # [] tokens generated so far by every live hypothesis
     live_seqs: jnp.ndarray  # [batch, beam, max_decode_len] pad-filled
     live_log_probs: jnp.ndarray  # [batch, beam] sorted best first; NEG_INF marks an empty slot
     finished_seqs: jnp.ndarray  # [batch, beam, max_decode_len]
@@ -68,7 +70,7 @@ def _is_valid(log_probs):
 def search_should_continue(state: BeamState, *, max_decode_len: int, max_lengths: jnp.ndarray,
                            alpha: float) -> jnp.ndarray:
     """False once no live hypothesis of any sentence can still enter its finished n-best list."""
-    index = state.index
+    index = state.step
     # The largest length penalty any live hypothesis can still reach: lp is monotone in the length, so it is
     # at one end of [index + 1, limit] (the limit for alpha >= 0).
     best_penalty = jnp.maximum(length_penalty(index + 1, alpha), length_penalty(max_lengths, alpha))  # [batch]
@@ -87,7 +89,7 @@ def beam_search_core(step_fn: StepFn, cache: Cache, *, batch_size: int, beam_siz
 
     cache: leaves [batch * beam_size, ...] (rows of a sentence adjacent). max_lengths: [batch] per-sentence
     length limits (default max_decode_len). early_stopping=False runs every sentence to its limit (same
-    result, for tests). return_state=True also returns the final BeamState (e.g. `.index`, the steps run).
+    result, for tests). return_state=True also returns the final BeamState (e.g. `.step`, the steps run).
     Returns (sequences [batch, beam, max_decode_len] pad after EOS, scores [batch, beam])
     best first; slots with no hypothesis (tiny vocabularies only) have score -inf and pad tokens.
     """
@@ -101,11 +103,11 @@ def beam_search_core(step_fn: StepFn, cache: Cache, *, batch_size: int, beam_siz
 
     def continue_search(state: BeamState):
         if not early_stopping:
-            return (state.index < length) & (state.index < jnp.max(max_lengths))
+            return (state.step < length) & (state.step < jnp.max(max_lengths))
         return search_should_continue(state, max_decode_len=length, max_lengths=max_lengths, alpha=alpha)
 
     def step(state: BeamState) -> BeamState:
-        index = state.index
+        index = state.step
         # 1. Next-token log-probabilities of every live hypothesis.
         previous = jnp.take_along_axis(state.live_seqs, jnp.maximum(index - 1, 0)[None, None, None], axis=2)
         previous = jnp.where(index == 0, bos_id, previous[..., 0])  # [batch, beam]
@@ -135,13 +137,13 @@ def beam_search_core(step_fn: StepFn, cache: Cache, *, batch_size: int, beam_siz
         pool_flags = jnp.concatenate([state.finished_flags, ends], axis=1)
         finished_scores, finished_pick = lax.top_k(pool_scores, beam)
         return BeamState(
-            index=new_length, live_seqs=live_seqs, live_log_probs=live_log_probs,
+            step=new_length, live_seqs=live_seqs, live_log_probs=live_log_probs,
             finished_seqs=gather(pool_seqs, finished_pick), finished_scores=finished_scores,
             finished_flags=jnp.take_along_axis(pool_flags, finished_pick, axis=1), cache=constrain(cache))
 
     # All beams of a sentence start identical; only slot 0 is live so they do not produce duplicates.
     initial = BeamState(
-        index=jnp.array(0, jnp.int32),
+        step=jnp.array(0, jnp.int32),
         live_seqs=jnp.full((batch, beam, length), pad_id, jnp.int32),
         live_log_probs=jnp.tile(jnp.array([0.0] + [NEG_INF] * (beam - 1), jnp.float32), (batch, 1)),
         finished_seqs=jnp.full((batch, beam, length), pad_id, jnp.int32),
@@ -166,7 +168,7 @@ def _repeat_for_beams(x: jnp.ndarray, beam_size: int) -> jnp.ndarray:
 def _beam_search(model: nn.Module, params, inputs, *, beam_size: int, alpha: float, max_decode_len: int,
                  extra_length: int, one_hot: bool, early_stopping: bool, mesh: Mesh | None, rules):
     cfg = model.config
-    encoded = model.apply({"params": params}, inputs, method="encode")  # [batch, src_len, d_model]
+    encoded = encode(model, params, inputs)  # [batch, src_len, d_model]
     # The encoder runs once per sentence, and its cross-attention keys/values are stored once per sentence and
     # shared by its hypotheses (layers.attention groups the query rows); only the source ids are repeated.
     flat_inputs = _repeat_for_beams(inputs, beam_size)  # [batch * beam, src_len]
@@ -179,7 +181,7 @@ def _beam_search(model: nn.Module, params, inputs, *, beam_size: int, alpha: flo
         early_stopping=early_stopping, constrain=lambda cache: constrain_cache(cache, mesh, rules))
 
 
-def beam_search(model: nn.Module, params, inputs: jnp.ndarray, *, beam_size: int | None = None,
+def beam_search(model: nn.Module, params, inputs: ArrayLike, *, beam_size: int | None = None,
                 alpha: float | None = None, max_decode_len: int | None = None, config: DecodeConfig | None = None,
                 mesh: Mesh | None = None, rules: parallel.Rules = parallel.DEFAULT_RULES, early_stopping: bool = True):
     """Beam search translation of `inputs` [batch, src_len] (pad_id = padding) with a Transformer.

@@ -13,7 +13,7 @@ in greedy.py and beam.py consume; they never look inside the model.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import flax.linen as nn
 import jax
@@ -35,6 +35,11 @@ def as_params(params):
     if (isinstance(params, dict) or hasattr(params, "keys")) and set(params.keys()) == {"params"}:
         params = params["params"]
     return params
+
+
+def encode(model: nn.Module, params, inputs: jnp.ndarray) -> jnp.ndarray:
+    """The encoder output [batch, src_len, d_model] of `inputs` [batch, src_len], once per source sentence."""
+    return cast(jnp.ndarray, model.apply({"params": params}, inputs, method="encode"))
 
 
 def init_cache(model: nn.Module, params, encoded: jnp.ndarray, inputs: jnp.ndarray, max_decode_len: int) -> Cache:

@@ -1,46 +1,14 @@
-"""DecodeConfig: decode-time settings with the paper's defaults (§6.1), and the length rules they imply."""
+"""The length rules of decoding (§6.1); DecodeConfig, the decode section of the experiment config, is re-exported."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
 
+from transformer_jax.experiment import DecodeConfig as DecodeConfig  # the `decode` section
+
 # A finite stand-in for log(0): -inf would turn into NaN in one-hot gathers (0 * -inf) and in differences.
 NEG_INF = -1.0e9
-
-
-@dataclasses.dataclass(frozen=True)
-class DecodeConfig:
-    """How to decode. §6.1: "beam search with a beam size of 4 and length penalty alpha = 0.6 ... maximum
-    output length to input length + 50, but terminate early when possible"."""
-
-    # Each field's `help` is its command-line help (`--beam-size`, ... in translate / evaluate): a new decode
-    # option is one field here plus the code that uses it.
-    beam_size: int = dataclasses.field(default=4, metadata={"help": "hypotheses kept (§6.1: 4)"})
-    alpha: float = dataclasses.field(default=0.6, metadata={
-        "help": "GNMT length penalty ((5 + |Y|) / 6) ** alpha, |Y| counting the EOS (§6.1: 0.6)"})
-    extra_length: int = dataclasses.field(default=50, metadata={
-        "help": "per sentence: output length <= source length + this (§6.1: 50)"})
-    max_decode_len: int | None = dataclasses.field(default=None, metadata={
-        "help": "static output buffer (default: padded source width + extra length)"})
-    gather: str = dataclasses.field(default="take", metadata={
-        "help": "reordering hypotheses: 'take' (batched gather) or 'one_hot' (matmuls, t5x's choice on TPUs)"})
-
-    def __post_init__(self):
-        if not isinstance(self.beam_size, int) or self.beam_size < 1:
-            raise ValueError(f"DecodeConfig.beam_size must be a positive integer, got {self.beam_size!r}.")
-        if not isinstance(self.extra_length, int) or self.extra_length < 0:
-            raise ValueError(f"DecodeConfig.extra_length must be a non-negative integer, got {self.extra_length!r}.")
-        if self.max_decode_len is not None and (not isinstance(self.max_decode_len, int) or self.max_decode_len < 1):
-            raise ValueError(f"DecodeConfig.max_decode_len must be None or a positive integer, got "
-                             f"{self.max_decode_len!r}.")
-        if self.gather not in ("take", "one_hot"):
-            raise ValueError(f"DecodeConfig.gather={self.gather!r} is unknown; use 'take' or 'one_hot'.")
-
-    def replace(self, **changes) -> DecodeConfig:
-        return dataclasses.replace(self, **changes)
 
 
 def length_penalty(length, alpha: float):

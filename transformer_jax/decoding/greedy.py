@@ -11,14 +11,23 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh
+from jax.typing import ArrayLike
 
 from transformer_jax import parallel
-from transformer_jax.decoding.cache import Cache, StepFn, as_params, constrain_cache, init_cache, transformer_step_fn
+from transformer_jax.decoding.cache import (
+    Cache,
+    StepFn,
+    as_params,
+    constrain_cache,
+    encode,
+    init_cache,
+    transformer_step_fn,
+)
 from transformer_jax.decoding.config import NEG_INF, DecodeConfig, per_sentence_limits, resolve_max_decode_len
 
 
 class GreedyState(NamedTuple):
-    index: jnp.ndarray  # [] tokens generated so far
+    step: jnp.ndarray  # [] tokens generated so far
     tokens: jnp.ndarray  # [batch, max_decode_len] output, pad-filled
     last: jnp.ndarray  # [batch] token fed at the next step
     done: jnp.ndarray  # [batch] bool: emitted EOS or reached its length limit
@@ -39,7 +48,7 @@ def greedy_search(step_fn: StepFn, cache: Cache, *, batch_size: int, max_decode_
         max_lengths = jnp.full((batch_size,), max_decode_len, jnp.int32)
 
     def not_finished(state: GreedyState):
-        return (state.index < max_decode_len) & ~jnp.all(state.done)
+        return (state.step < max_decode_len) & ~jnp.all(state.done)
 
     def step(state: GreedyState) -> GreedyState:
         logits, cache = step_fn(state.last, state.cache)  # [batch, vocab]
@@ -48,14 +57,14 @@ def greedy_search(step_fn: StepFn, cache: Cache, *, batch_size: int, max_decode_
         token = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)  # [batch]
         token_log_prob = jnp.take_along_axis(log_probs, token[:, None], axis=-1)[:, 0]
         token = jnp.where(state.done, pad_id, token)
-        tokens = lax.dynamic_update_slice(state.tokens, token[:, None], (0, state.index))
-        done = state.done | (token == eos_id) | (state.index + 1 >= max_lengths)
+        tokens = lax.dynamic_update_slice(state.tokens, token[:, None], (0, state.step))
+        done = state.done | (token == eos_id) | (state.step + 1 >= max_lengths)
         return GreedyState(
-            index=state.index + 1, tokens=tokens, last=token, done=done,
+            step=state.step + 1, tokens=tokens, last=token, done=done,
             log_probs=state.log_probs + jnp.where(state.done, 0.0, token_log_prob), cache=constrain(cache))
 
     initial = GreedyState(
-        index=jnp.array(0, jnp.int32),
+        step=jnp.array(0, jnp.int32),
         tokens=jnp.full((batch_size, max_decode_len), pad_id, jnp.int32),
         last=jnp.full((batch_size,), bos_id, jnp.int32),
         done=jnp.zeros((batch_size,), bool),
@@ -71,7 +80,7 @@ def greedy_search(step_fn: StepFn, cache: Cache, *, batch_size: int, max_decode_
 def _greedy_decode(model: nn.Module, params, inputs, *, max_decode_len: int, extra_length: int,
                    mesh: Mesh | None, rules):
     cfg = model.config
-    encoded = model.apply({"params": params}, inputs, method="encode")  # [batch, src_len, d_model]
+    encoded = encode(model, params, inputs)  # [batch, src_len, d_model]
     cache = init_cache(model, params, encoded, inputs, max_decode_len)
     return greedy_search(
         transformer_step_fn(model, params, encoded, inputs), cache, batch_size=inputs.shape[0],
@@ -81,7 +90,7 @@ def _greedy_decode(model: nn.Module, params, inputs, *, max_decode_len: int, ext
         constrain=lambda cache: constrain_cache(cache, mesh, rules))
 
 
-def greedy_decode(model: nn.Module, params, inputs: jnp.ndarray, *, max_decode_len: int | None = None,
+def greedy_decode(model: nn.Module, params, inputs: ArrayLike, *, max_decode_len: int | None = None,
                   config: DecodeConfig | None = None, mesh: Mesh | None = None,
                   rules: parallel.Rules = parallel.DEFAULT_RULES, return_log_probs: bool = False):
     """Greedy translation of `inputs` [batch, src_len] (pad_id = padding) with a Transformer.

@@ -62,7 +62,7 @@ def _configure_layer(layer: nn.Module, cfg: ModelConfig, attention_names: tuple[
             getattr(layer, name).dropout = cfg.attention_dropout_rate
         else:
             setattr(layer, name, _attention(cfg, device))
-    layer.dropout.p = cfg.relu_dropout_rate  # between linear1 and linear2
+    layer.dropout = nn.Dropout(cfg.relu_dropout_rate)  # between linear1 and linear2
     return layer
 
 
@@ -88,9 +88,8 @@ class _Stack(nn.Module):
         if offset + length > self.max_len:
             raise ValueError(f"positions up to {offset + length - 1} requested but ModelConfig.max_len="
                              f"{self.max_len}; shorten the input or use a config with a larger max_len.")
-        if hasattr(self, "positions"):
-            return self.positions.weight[offset:offset + length]
-        return self.position_table[offset:offset + length]
+        table = self.positions.weight if hasattr(self, "positions") else self.get_buffer("position_table")
+        return table[offset:offset + length]
 
 
 class TorchTransformer(nn.Module):

@@ -50,6 +50,8 @@ def read_values(
     as in `attention_weights`) -> [batch, q_len, heads, head_dim].
     """
     if not deterministic and dropout_rate > 0.0:
+        if dropout_rng is None:
+            raise ValueError("attention dropout needs dropout_rng (or deterministic=True).")
         keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
         weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
     weights = weights.astype(value.dtype)
@@ -111,7 +113,7 @@ class MultiHeadAttention(nn.Module):
         cfg = self.config
         is_self_attention = inputs_kv is None
         query = self._projection("query")(inputs_q)  # [batch, q_len, heads, head_dim]
-        if decode and not is_self_attention:
+        if decode and inputs_kv is not None:  # cross-attention
             key, value = self._cached_memory(inputs_kv)
         else:
             source = inputs_q if is_self_attention else inputs_kv

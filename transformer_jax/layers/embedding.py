@@ -66,7 +66,7 @@ class PositionalEncoding(nn.Module):
         if cfg.position_encoding == "sinusoidal":
             table = jnp.asarray(sinusoidal_table(cfg.max_len, cfg.d_model, cfg.sinusoid_layout))
         else:
-            table = self.param(
+            table = self.param(  # type: ignore[assignment]  # the unboxed array under nn.compact
                 "position_embedding",
                 nn.with_logical_partitioning(nn.initializers.normal(stddev=cfg.d_model ** -0.5), (None, "embed")),
                 (cfg.max_len, cfg.d_model), cfg.param_dtype,

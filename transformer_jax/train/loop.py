@@ -1,6 +1,9 @@
-"""The training runner: experiment config -> tokenizer -> batches -> steps -> logs, validation and checkpoints.
+"""The training runner: experiment -> tokenizer -> batches -> steps -> logs, validation and checkpoints.
 
-    summary = train(config, workdir)       # config: an experiment config (transformer_jax.experiment)
+    summary = train(experiment, workdir)        # experiment: transformer_jax.experiment.Experiment
+
+`prepare(experiment, workdir)` does everything before the first step and returns a `Run` (tokenizer, model,
+mesh, compiled functions, batches, checkpointer, the state to start from); `Loop(run, log).run()` drives it.
 
 Restarting in the same workdir resumes from the latest checkpoint: same SentencePiece model, same state, same
 position in the data. SIGTERM / SIGINT save a checkpoint within a step or two and return cleanly.
@@ -9,15 +12,15 @@ Steps are dispatched asynchronously, at most MAX_IN_FLIGHT ahead of the device: 
 waits for the metrics of the one before, so the host prepares the next batch while the device works, the
 progress bar counts finished updates and a stop request is served at once.
 
-Several processes (transformer_jax.distributed) all run `train` with the same config: each reads its own rows of
-every batch; process 0 trains the tokenizer and alone writes config.json, metrics.jsonl, TensorBoard and the plot.
+Several processes (transformer_jax.distributed) all run `train` with the same experiment: each reads its own rows
+of every batch; process 0 trains the tokenizer and alone writes config.json, metrics.jsonl, TensorBoard and the plot.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
-import json
 import logging
 import signal
 import threading
@@ -27,25 +30,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
-import ml_collections
 import numpy as np
 
 from transformer_jax import checkpoint as ckpt
 from transformer_jax import distributed, parallel
 from transformer_jax.accounting import count_parameters
 from transformer_jax.config import ModelConfig
-from transformer_jax.experiment import (
-    OPTIMIZER_DEFAULTS,
-    ConfigError,
-    check_splits_not_empty,
-    complete_config,
-    decode_config,
-    make_source_from_config,
-    model_config,
-    resolved_config_dict,
-    resume_changes,
-    validate_config,
-)
+from transformer_jax.experiment import ConfigError, Experiment, OptimizerConfig, resume_changes
 from transformer_jax.model import Transformer
 from transformer_jax.train.optimizer import make_optimizer
 from transformer_jax.train.progress import (
@@ -64,7 +55,6 @@ from transformer_jax.train.validation import validation_bleu, validation_loss
 
 logger = logging.getLogger(__name__)
 
-OPTIMIZER_FIELDS = tuple(OPTIMIZER_DEFAULTS)  # the part of `train` the compiled step depends on
 MAX_IN_FLIGHT = 2  # dispatched steps whose metrics have not been fetched
 
 
@@ -76,11 +66,11 @@ class _Compiled(NamedTuple):
 
 
 @functools.lru_cache(maxsize=8)
-def _compiled_functions(model_cfg: ModelConfig, optimizer_key: tuple, label_smoothing: float, accum_steps: int,
+def _compiled_functions(model_cfg: ModelConfig, optimizer: OptimizerConfig, label_smoothing: float, accum_steps: int,
                         mesh: jax.sharding.Mesh, rules: tuple, mode: str, fast_compile: bool,
                         dropout_prng: str) -> _Compiled:
     """Jitted init / train / eval functions, cached so that a second run in one process reuses compilations."""
-    tx, schedule = make_optimizer(ml_collections.ConfigDict(dict(optimizer_key)), model_cfg.d_model)
+    tx, schedule = make_optimizer(optimizer, model_cfg.d_model)
     model = Transformer(model_cfg)
     options = FAST_COMPILE_OPTIONS if fast_compile else None
     init, shardings, abstract = state_initializer(model_cfg, tx, mesh, rules, accum_steps, options)
@@ -92,7 +82,7 @@ def _compiled_functions(model_cfg: ModelConfig, optimizer_key: tuple, label_smoo
     return _Compiled(init, runner, eval_step, abstract)
 
 
-def _shared_tokenizer(workdir: Path, source, data_cfg: ml_collections.ConfigDict, seed: int):
+def _shared_tokenizer(workdir: Path, source, experiment: Experiment):
     """Process 0 loads or trains {workdir}/spm.model; other processes wait for it, then load it."""
     from transformer_jax.data.tokenizer import (
         MODEL_FILENAME,
@@ -100,10 +90,11 @@ def _shared_tokenizer(workdir: Path, source, data_cfg: ml_collections.ConfigDict
         load_or_train_tokenizer,
     )
 
+    data = experiment.data
     if jax.process_index() == 0:
         tokenizer = load_or_train_tokenizer(
-            workdir, source.pairs("train"), data_cfg.vocab_size, model_type=data_cfg.tokenizer_model_type,
-            max_sentences=data_cfg.tokenizer_max_sentences, seed=seed)
+            workdir, source.pairs("train"), data.vocab_size, model_type=data.tokenizer_model_type,
+            max_sentences=data.tokenizer_max_sentences, seed=experiment.train.seed)
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
@@ -117,53 +108,67 @@ def _shared_tokenizer(workdir: Path, source, data_cfg: ml_collections.ConfigDict
     return tokenizer
 
 
-def train(config: ml_collections.ConfigDict, workdir: str | Path,
-          on_update: Callable[[int, dict], None] | None = None) -> dict:
-    """Trains (or resumes) the experiment `config` in `workdir`. Returns a summary of the run.
+@dataclasses.dataclass
+class Run:
+    """Everything a training loop needs, made by `prepare`; `state` / `micro_step` are where it starts."""
 
-    on_update(update, metrics): optional hook called when an update has finished on the device, with its metrics
-    on the host (the loop is then at most MAX_IN_FLIGHT - 1 steps further).
-    """
+    experiment: Experiment
+    workdir: Path
+    model: ModelConfig  # the experiment's model with the tokenizer's vocabulary size and special ids
+    tokenizer: Any
+    mesh: jax.sharding.Mesh
+    rules: tuple
+    shard: tuple[int, int]  # (this process's index, count) of the data shards
+    compiled: _Compiled
+    checkpointer: ckpt.Checkpointer
+    batches: Any  # data.batching.TrainBatches
+    valid: list  # validation batches
+    valid_pairs: list  # raw validation text pairs (BLEU scores detokenized output against them)
+    state: TrainState  # placed for the runner
+    micro_step: int
+    started: float  # time.perf_counter() at the start of `train`
+    timings: dict  # seconds of each part of the set-up
+
+
+def prepare(experiment: Experiment, workdir: str | Path, started: float | None = None) -> Run:
+    """The set-up of a run, cheapest checks first: data, mesh, tokenizer, model, compiled functions, checkpoint
+    (restored when the workdir has one), batches. The caller closes `run.checkpointer`."""
     from transformer_jax.data.batching import TrainBatches, eval_batches
+    from transformer_jax.data.sources import check_splits_not_empty, source_from_config
 
-    started = time.perf_counter()
-    config = complete_config(config)
-    validate_config(config)
-    distributed.initialize(config.distributed)  # before any other JAX call
-    data_cfg, train_cfg = config.data, config.train
+    started = time.perf_counter() if started is None else started
+    distributed.initialize(experiment.distributed)  # before any other JAX call
+    data, train = experiment.data, experiment.train
     workdir = Path(workdir)
-    source = make_source_from_config(data_cfg)
+    source = source_from_config(data)
     check_splits_not_empty(source)
     try:
-        mesh = parallel.make_mesh({axis: config.mesh[axis] for axis in parallel.MESH_AXES})
-        rules = tuple(parallel.rules_from_config(config.mesh, mesh))
+        mesh = parallel.make_mesh(experiment.mesh.shape)
+        rules = tuple(parallel.rules_from_config(experiment.mesh, mesh))
     except ValueError as error:
         raise ConfigError(f"mesh section: {error}") from None
     batch_axes = mesh.shape["data"] * mesh.shape["fsdp"]
-    if data_cfg.eval_batch_size % batch_axes:
-        raise ConfigError(f"data.eval_batch_size={data_cfg.eval_batch_size} must be a multiple of the "
+    if data.eval_batch_size % batch_axes:
+        raise ConfigError(f"data.eval_batch_size={data.eval_batch_size} must be a multiple of the "
                           f"data x fsdp mesh size {batch_axes}.")
 
     workdir.mkdir(parents=True, exist_ok=True)
     timings = {"setup": time.perf_counter() - started}
-    tokenizer = _shared_tokenizer(workdir, source, data_cfg, train_cfg.seed)
-    model_cfg = model_config(config.model, vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
-                             bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
+    tokenizer = _shared_tokenizer(workdir, source, experiment)
+    model_cfg = experiment.model.replace(vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
+                                         bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
     try:
         parallel.check_model_fits_mesh(model_cfg, mesh, rules)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     timings["tokenizer"] = time.perf_counter() - started - sum(timings.values())
-    compiled = _compiled_functions(
-        model_cfg, tuple((name, train_cfg[name]) for name in OPTIMIZER_FIELDS), float(train_cfg.label_smoothing),
-        int(train_cfg.accum_steps), mesh, rules, parallel.parallel_mode(config.mesh), bool(train_cfg.fast_compile),
-        str(train_cfg.dropout_prng))
+    compiled = _compiled_functions(model_cfg, experiment.optimizer, train.label_smoothing, train.accum_steps, mesh,
+                                   rules, experiment.mesh.mode, train.fast_compile, train.dropout_prng)
 
     is_main = jax.process_index() == 0
-    checkpointer = ckpt.Checkpointer(workdir, keep=train_cfg.keep_checkpoints,
-                                     async_save=train_cfg.async_checkpoints)
+    checkpointer = ckpt.Checkpointer(workdir, keep=train.keep_checkpoints, async_save=train.async_checkpoints)
     try:
-        resolved = json.loads(json.dumps(resolved_config_dict(config, model_cfg), default=list))
+        resolved = experiment.replace(model=model_cfg).to_dict()
         restored = None
         if checkpointer.latest_step() is not None:  # before anything in the workdir is overwritten
             _check_resumable(workdir, resolved)
@@ -172,18 +177,18 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path,
             ckpt.save_config(workdir, resolved)
 
         shard = parallel.data_shard(mesh, rules)
-        boundaries = tuple(data_cfg.bucket_boundaries) or None
+        boundaries = tuple(data.bucket_boundaries) or None
         special_ids = dict(pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
         batches = TrainBatches(
-            tokenizer.encode_pairs(source.pairs("train")), tokens_per_batch=data_cfg.tokens_per_batch,
-            max_len=data_cfg.max_len, seed=train_cfg.seed, bucket_boundaries=boundaries, batch_multiple=batch_axes,
-            pack=data_cfg.pack, shard_index=shard[0], shard_count=shard[1], **special_ids)
-        valid_pairs = list(source.pairs("validation"))  # raw text: BLEU scores detokenized output against it
+            tokenizer.encode_pairs(source.pairs("train")), tokens_per_batch=data.tokens_per_batch,
+            max_len=data.max_len, seed=train.seed, bucket_boundaries=boundaries, batch_multiple=batch_axes,
+            pack=data.pack, shard_index=shard[0], shard_count=shard[1], **special_ids)
+        valid_pairs = list(source.pairs("validation"))
         valid = [batch for _, batch in eval_batches(
-            tokenizer.encode_pairs(valid_pairs), batch_size=data_cfg.eval_batch_size, max_len=data_cfg.max_len,
+            tokenizer.encode_pairs(valid_pairs), batch_size=data.eval_batch_size, max_len=data.max_len,
             bucket_boundaries=boundaries, **special_ids)]
-        if data_cfg.max_eval_batches:
-            valid = valid[:data_cfg.max_eval_batches]
+        if data.max_eval_batches:
+            valid = valid[:data.max_eval_batches]
 
         skipped = {split: counts for split, counts in getattr(source, "skipped", {}).items()
                    if counts.empty or counts.too_long}
@@ -196,20 +201,38 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path,
             batches.restore(data_state["batches"])
             logger.info("Resumed from %s at update %d.", checkpointer.directory / str(latest), latest)
         else:
-            state = compiled.init(jax.random.PRNGKey(train_cfg.seed))
+            state = compiled.init(jax.random.PRNGKey(train.seed))
         micro_step = int(jax.device_get(state.step))
-        total = None if train_cfg.max_minutes else train_cfg.steps  # a budgeted run stops when time is up
-        log = ProgressLog(workdir, micro_step // train_cfg.accum_steps, total, bool(train_cfg.progress),
-                          write=is_main, started=started)
+        return Run(experiment=experiment, workdir=workdir, model=model_cfg, tokenizer=tokenizer, mesh=mesh,
+                   rules=rules, shard=shard, compiled=compiled, checkpointer=checkpointer, batches=batches,
+                   valid=valid, valid_pairs=valid_pairs, state=compiled.runner.place_state(state),
+                   micro_step=micro_step, started=started, timings=timings)
+    except BaseException:
+        checkpointer.close()
+        raise
+
+
+def train(experiment: Experiment, workdir: str | Path,
+          on_update: Callable[[int, dict], None] | None = None) -> dict:
+    """Trains (or resumes) `experiment` in `workdir`. Returns a summary of the run.
+
+    on_update(update, metrics): optional hook called when an update has finished on the device, with its metrics
+    on the host (the loop is then at most MAX_IN_FLIGHT - 1 steps further).
+    """
+    run = prepare(experiment, workdir)
+    is_main = jax.process_index() == 0
+    try:
+        accum = experiment.train.accum_steps
+        total = None if experiment.train.max_minutes else experiment.train.steps  # a budget stops when time is up
+        log = ProgressLog(run.workdir, run.micro_step // accum, total, experiment.train.progress, write=is_main,
+                          started=run.started)
         try:
-            loop = _Loop(config, model_cfg, tokenizer, compiled, checkpointer, batches, valid, valid_pairs, mesh,
-                         rules, shard, log, on_update)
-            summary = loop.run(compiled.runner.place_state(state), micro_step, started, timings)
+            summary = Loop(run, log, on_update).run()
         finally:
             log.close()
     finally:
-        checkpointer.close()
-    plot = plot_curves(workdir) if is_main else None
+        run.checkpointer.close()
+    plot = plot_curves(run.workdir) if is_main else None
     summary["plot"] = str(plot) if plot else None
     return summary
 
@@ -230,9 +253,9 @@ def _check_resumable(workdir: Path, resolved: dict) -> None:
 class _StopRequest:
     """SIGTERM / SIGINT set a flag that the loop checks between steps; a second SIGINT interrupts at once."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.signal_name: str | None = None
-        self._previous = {}
+        self._previous: dict[int, Any] = {}
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -282,26 +305,27 @@ class _InFlight(NamedTuple):
     tokens: int  # non-pad source + target tokens of this process's rows
 
 
-class _Loop:
-    """The update loop of one `train` call: dispatch, finish (metrics, logs), validate, save."""
+class Loop:
+    """The update loop of a prepared `Run`: dispatch, finish (metrics, logs), validate, save."""
 
-    def __init__(self, config, model_cfg: ModelConfig, tokenizer, compiled: _Compiled, checkpointer, batches, valid,
-                 valid_pairs, mesh, rules, shard: tuple[int, int], log: ProgressLog, on_update):
-        self.config, self.train_cfg = config, config.train
-        self.model_cfg, self.tokenizer, self.runner, self.eval_step = (model_cfg, tokenizer, compiled.runner,
-                                                                       compiled.eval_step)
-        self.checkpointer, self.batches, self.valid, self.valid_pairs = checkpointer, batches, valid, valid_pairs
-        self.mesh, self.rules, self.shard, self.log, self.on_update = mesh, rules, shard, log, on_update
+    def __init__(self, run: Run, log: ProgressLog, on_update: Callable[[int, dict], None] | None = None):
+        self.train_cfg, self.decode_cfg = run.experiment.train, run.experiment.decode
+        self.model_cfg, self.tokenizer, self.runner, self.eval_step = (run.model, run.tokenizer, run.compiled.runner,
+                                                                       run.compiled.eval_step)
+        self.checkpointer, self.batches, self.valid, self.valid_pairs = (run.checkpointer, run.batches, run.valid,
+                                                                         run.valid_pairs)
+        self.mesh, self.rules, self.shard, self.log, self.on_update = run.mesh, run.rules, run.shard, log, on_update
+        self.state, self.micro_step, self.started, self.timings = run.state, run.micro_step, run.started, run.timings
         self.in_flight: collections.deque[_InFlight] = collections.deque()
         self.window: list[dict] = []  # host metrics of the micro-steps finished since the last train row
         self.update_metrics: list[dict] = []  # host metrics of the finished micro-steps of the current update
         self.window_tokens, self.window_start = 0, time.perf_counter()
         self.summary: dict[str, Any] = {"interrupted": None, "eval": None}
 
-    def run(self, state: TrainState, micro_step: int, started: float, timings: dict) -> dict:
+    def run(self) -> dict:
         train_cfg, accum = self.train_cfg, self.train_cfg.accum_steps
-        self.state, self.micro_step = state, micro_step
-        update = start = micro_step // accum
+        started, timings = self.started, self.timings
+        update = start = self.micro_step // accum
         self.summary["start_step"] = start
         dropped = self.batches.dropped
         self.log.message(f"model: {count_parameters(self.model_cfg).total:,} parameters, vocab "
@@ -414,7 +438,7 @@ class _Loop:
 
     def _bleu(self, update: int, kind: str, method: str, pairs) -> None:
         """Decodes `pairs` with `method`, logs BLEU / chrF as a `kind` row (process 0) and in the summary."""
-        scores = validation_bleu(self.model_cfg, self._params(), self.tokenizer, pairs, decode_config(self.config),
+        scores = validation_bleu(self.model_cfg, self._params(), self.tokenizer, pairs, self.decode_cfg,
                                  method)
         if scores is None:
             return

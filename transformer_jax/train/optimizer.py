@@ -10,10 +10,10 @@ micro-batches equal one batch of their concatenation exactly); this module only 
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax.numpy as jnp
 import optax
+
+from transformer_jax.experiment import OptimizerConfig
 
 
 def transformer_schedule(d_model: int, warmup_steps: int = 4000, scale: float = 1.0) -> optax.Schedule:
@@ -28,14 +28,11 @@ def transformer_schedule(d_model: int, warmup_steps: int = 4000, scale: float = 
     return schedule
 
 
-def make_optimizer(train_cfg: Any, d_model: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """Optax chain from the `train` config section: [clip_by_global_norm] -> Adam(schedule).
-
-    Uses train_cfg.{warmup_steps, lr_scale, adam_b1, adam_b2, adam_eps, clip_grad_norm}; clip <= 0 disables.
-    """
-    schedule = transformer_schedule(d_model, train_cfg.warmup_steps, train_cfg.lr_scale)
+def make_optimizer(optimizer: OptimizerConfig, d_model: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """Optax chain from the `optimizer` config section: [clip_by_global_norm] -> Adam(schedule); clip <= 0 = off."""
+    schedule = transformer_schedule(d_model, optimizer.warmup_steps, optimizer.lr_scale)
     parts = []
-    if train_cfg.clip_grad_norm and train_cfg.clip_grad_norm > 0:
-        parts.append(optax.clip_by_global_norm(train_cfg.clip_grad_norm))
-    parts.append(optax.adam(schedule, b1=train_cfg.adam_b1, b2=train_cfg.adam_b2, eps=train_cfg.adam_eps))
+    if optimizer.clip_grad_norm > 0:
+        parts.append(optax.clip_by_global_norm(optimizer.clip_grad_norm))
+    parts.append(optax.adam(schedule, b1=optimizer.adam_b1, b2=optimizer.adam_b2, eps=optimizer.adam_eps))
     return optax.chain(*parts), schedule

@@ -64,7 +64,7 @@ class ProgressLog:
 
     def log(self, kind: str, step: int, values: dict) -> None:
         """One metrics.jsonl row; numeric values also go to TensorBoard as "{kind}/{name}"."""
-        if self.file is None:
+        if self.file is None or self.writer is None:
             return
         elapsed = round(time.perf_counter() - self.started, 2)
         self.file.write(json.dumps({"kind": kind, "step": step, "elapsed_s": elapsed, **values}) + "\n")
@@ -91,7 +91,7 @@ class ProgressLog:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-        if self.file is not None:
+        if self.file is not None and self.writer is not None:
             self.writer.close()
             self.file.close()
 

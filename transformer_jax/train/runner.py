@@ -42,7 +42,7 @@ def make_runner(mode: str, model: Transformer, tx: optax.GradientTransformation,
                 label_smoothing: float, accum_steps: int, mesh: jax.sharding.Mesh, state_shardings: Any,
                 rules: parallel.Rules = parallel.DEFAULT_RULES, compiler_options: dict | None = None,
                 dropout_prng: str = "rbg_threefry") -> StepRunner:
-    """A StepRunner for mode 'jit' or 'pmap' (see `parallel.parallel_mode`). pmap runs on the mesh's devices.
+    """A StepRunner for mode 'jit' or 'pmap' (`mesh.mode`). pmap runs on the mesh's devices.
 
     jit: place_batch takes this process's rows (`parallel.data_shard`); compiler_options go to jax.jit
     (jax.pmap takes none).
@@ -56,7 +56,7 @@ def make_runner(mode: str, model: Transformer, tx: optax.GradientTransformation,
         return StepRunner("jit", step, identity, lambda batch: parallel.global_batch(batch, mesh, rules),
                           identity, identity)
     if mode != "pmap":
-        raise ValueError(f"parallel mode {mode!r} is unknown; use one of {parallel.PARALLEL_MODES}.")
+        raise ValueError(f"parallel mode {mode!r} is unknown; use 'jit' or 'pmap' (mesh.mode).")
     if mesh.shape["fsdp"] > 1 or mesh.shape["tensor"] > 1:
         raise ValueError(f"mode 'pmap' is data parallel only; the mesh {dict(mesh.shape)} has fsdp or tensor > 1.")
     if jax.process_count() > 1:

@@ -21,8 +21,7 @@ from transformer_jax.config import ModelConfig
 from transformer_jax.model import Transformer
 
 
-@flax.struct.dataclass
-class TrainState:
+class TrainState(flax.struct.PyTreeNode):
     """step: train_step calls done (micro-steps); the optimizer has done step // accum_steps updates.
 
     rng: base key (uint32[2]); the dropout key of a step is fold_in(rng, step), so a resumed run draws the
