@@ -33,6 +33,7 @@ test: venv-test
 
 lint: venv-test
 	$(VENV)/bin/ruff check transformer_jax experiments tests
+	$(VENV)/bin/ruff format --check transformer_jax experiments tests
 	$(VENV)/bin/mypy
 
 demo: venv

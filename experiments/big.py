@@ -1,6 +1,6 @@
 """Transformer big on WMT 2014 EN→DE (paper §5, Table 3 'big'): 300k updates, P_drop 0.3.
 
-    transformer-jax train --config experiments/big.py --workdir runs/big --config.data.path=$TFDS_DATA_DIR
+transformer-jax train --config experiments/big.py --workdir runs/big --config.data.path=$TFDS_DATA_DIR
 """
 
 from transformer_jax.config import big

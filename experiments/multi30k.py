@@ -18,8 +18,15 @@ from transformer_jax.experiment import DataConfig, Experiment, OptimizerConfig, 
 
 def get_config() -> Experiment:
     return Experiment(
-        model=base(d_model=128, num_heads=4, d_ff=256, num_encoder_layers=4, num_decoder_layers=4, dropout_rate=0.1,
-                   max_len=128),
+        model=base(
+            d_model=128,
+            num_heads=4,
+            d_ff=256,
+            num_encoder_layers=4,
+            num_decoder_layers=4,
+            dropout_rate=0.1,
+            max_len=128,
+        ),
         data=DataConfig(
             source="multi30k",
             path="",  # required: --config.data.path=/path/to/multi30k (train.en, train.de, val.*, ...)

@@ -1,6 +1,6 @@
 """Tiny: the built-in EN→DE corpus, a small model that trains in a few minutes on a 2-core CPU (`make demo`).
 
-    transformer-jax train --config experiments/tiny.py --workdir runs/tiny
+transformer-jax train --config experiments/tiny.py --workdir runs/tiny
 """
 
 from transformer_jax.config import tiny
@@ -9,8 +9,9 @@ from transformer_jax.experiment import DataConfig, Experiment, OptimizerConfig, 
 
 def get_config() -> Experiment:
     return Experiment(
-        model=tiny(d_model=128, num_heads=4, d_ff=512, num_encoder_layers=2, num_decoder_layers=2, max_len=64,
-                   dropout_rate=0.1),
+        model=tiny(
+            d_model=128, num_heads=4, d_ff=512, num_encoder_layers=2, num_decoder_layers=2, max_len=64, dropout_rate=0.1
+        ),
         data=DataConfig(
             source="builtin",
             vocab_size=1000,

@@ -40,11 +40,14 @@ def test_attention_biases_and_unshared_embeddings_add_what_they_should():
     assert unshared.matrix_total - plain.matrix_total == 2 * cfg.vocab_size * cfg.d_model
 
 
-@pytest.mark.parametrize("cfg, batch, src_len, tgt_len", [
-    (tiny(), 8, 32, 32),
-    (tiny(), 4, 64, 48),
-    (base(vocab_size=37000), 2, 64, 64),
-])
+@pytest.mark.parametrize(
+    "cfg, batch, src_len, tgt_len",
+    [
+        (tiny(), 8, 32, 32),
+        (tiny(), 4, 64, 48),
+        (base(vocab_size=37000), 2, 64, 64),
+    ],
+)
 def test_analytic_flops_agree_with_xla(cfg, batch, src_len, tgt_len):
     model = Transformer(cfg)
     params = parameter_shapes(cfg)
@@ -63,5 +66,8 @@ def test_flops_by_hand_for_one_tiny_layer():
     n, m, d, f = 3, 2, 4, 8
     flops = forward_flops(cfg, batch=1, src_len=n, tgt_len=m)
     assert flops["encoder"] == 8 * n * d * d + 4 * n * n * d + 4 * n * d * f
-    assert flops["decoder"] == (8 * m * d * d + 4 * m * m * d) + (4 * m * d * d + 4 * n * d * d + 4 * m * n * d) + 4 * m * d * f
+    assert (
+        flops["decoder"]
+        == (8 * m * d * d + 4 * m * m * d) + (4 * m * d * d + 4 * n * d * d + 4 * m * n * d) + 4 * m * d * f
+    )
     assert flops["output_projection"] == 2 * m * d * 10

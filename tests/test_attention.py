@@ -96,8 +96,10 @@ def test_masks_by_hand():
 @pytest.mark.parametrize("rate", [0.0, 0.5])
 def test_attention_dropout_keeps_expectation(rate):
     q = k = v = jnp.asarray(np.random.default_rng(2).normal(size=(1, 4, 1, 8)), jnp.float32)
-    outs = jnp.stack([
-        dot_product_attention(q, k, v, dropout_rate=rate, dropout_rng=jax.random.key(i), deterministic=False)
-        for i in range(400)
-    ])
+    outs = jnp.stack(
+        [
+            dot_product_attention(q, k, v, dropout_rate=rate, dropout_rng=jax.random.key(i), deterministic=False)
+            for i in range(400)
+        ]
+    )
     np.testing.assert_allclose(outs.mean(0), dot_product_attention(q, k, v), atol=0.15)

@@ -22,8 +22,10 @@ BUDGET = 1024
 def random_pairs(count=600, seed=0, longest=80):
     """Token pairs with ids 4..99; some longer than MAX_LEN so that they are dropped."""
     rng = random.Random(seed)
+
     def side():
         return [rng.randint(4, 99) for _ in range(rng.choice([rng.randint(1, 20), rng.randint(1, longest)]))]
+
     return [(side(), side()) for _ in range(count)]
 
 
@@ -48,8 +50,9 @@ def unpadded_rows(batch):
 
 
 def expected_examples(pairs):
-    return collections.Counter((tuple(s) + (EOS,), tuple(t) + (EOS,)) for s, t in pairs
-                               if max(len(s), len(t)) + 1 <= MAX_LEN)
+    return collections.Counter(
+        (tuple(s) + (EOS,), tuple(t) + (EOS,)) for s, t in pairs if max(len(s), len(t)) + 1 <= MAX_LEN
+    )
 
 
 def test_default_bucket_boundaries():
@@ -82,9 +85,11 @@ def test_budget_coverage_and_shapes():
 
 def test_seed_determinism_and_epochs():
     pairs = random_pairs()
+
     def first_inputs(seed, epochs=1):
         batches = TrainBatches(pairs, tokens_per_batch=BUDGET, max_len=MAX_LEN, seed=seed)
         return [[batch["inputs"].tolist() for batch in one_epoch(batches)] for _ in range(epochs)]
+
     same_a, same_b = first_inputs(3, epochs=2), first_inputs(3, epochs=2)
     assert same_a == same_b
     assert first_inputs(4)[0] != same_a[0]
@@ -119,15 +124,22 @@ def test_packed_rows_match_brute_force():
     rows_per_batch = rows_for_length(MAX_LEN, BUDGET, 1)
     for length, rows in batches.epoch_plan(0):
         batch = next(batches)
-        assert set(batch) == {"inputs", "targets", "decoder_inputs", "inputs_segmentation",
-                              "inputs_position", "targets_segmentation", "targets_position"}
+        assert set(batch) == {
+            "inputs",
+            "targets",
+            "decoder_inputs",
+            "inputs_segmentation",
+            "inputs_position",
+            "targets_segmentation",
+            "targets_position",
+        }
         assert batch["inputs"].shape == (rows_per_batch, MAX_LEN)
         for row, indices in enumerate(rows):
             placed.update(indices)
             expected = brute_force_packed_row(pairs, indices, MAX_LEN)
             for name, values in expected.items():
                 assert batch[name][row].tolist() == values, name
-        assert not batch["inputs"][len(rows):].any()
+        assert not batch["inputs"][len(rows) :].any()
     kept = [i for i, (s, t) in enumerate(pairs) if max(len(s), len(t)) + 1 <= MAX_LEN]
     assert placed == collections.Counter(kept)  # every kept pair in exactly one row
     assert len(batches.epoch_plan(0)) < len(kept) / rows_per_batch  # rows really hold several pairs
@@ -179,7 +191,7 @@ def test_eval_batches_keep_order_and_truncate():
             seen.append(int(index))
             source = pairs[index][0][: MAX_LEN - 1] + [EOS]
             assert batch["inputs"][row, : len(source)].tolist() == source
-            assert not batch["inputs"][row, len(source):].any()
+            assert not batch["inputs"][row, len(source) :].any()
     assert seen == list(range(len(pairs)))
 
 
@@ -196,8 +208,12 @@ def test_base_config_batches_hold_about_25k_real_tokens_a_side():
     source_lengths = np.clip(rng.lognormal(np.log(24), 0.55, 40_000).astype(int), 1, 300)
     target_lengths = np.clip((source_lengths * rng.normal(1.1, 0.15, source_lengths.size)).astype(int), 1, 300)
     pairs = [([5] * s, [6] * t) for s, t in zip(source_lengths, target_lengths)]
-    batches = TrainBatches(pairs, tokens_per_batch=config.data.tokens_per_batch, max_len=config.data.max_len,
-                           bucket_boundaries=tuple(config.data.bucket_boundaries) or None)
+    batches = TrainBatches(
+        pairs,
+        tokens_per_batch=config.data.tokens_per_batch,
+        max_len=config.data.max_len,
+        bucket_boundaries=tuple(config.data.bucket_boundaries) or None,
+    )
     sample = list(itertools.islice(batches, 60))
     source = np.mean([(batch["inputs"] != 0).sum() for batch in sample])
     target = np.mean([(batch["targets"] != 0).sum() for batch in sample])

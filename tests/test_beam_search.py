@@ -62,16 +62,35 @@ def random_table(seed, vocab, eos_bonus=0.0, scale=2.0):
 def _run_beam(table, seeds, limits, *, beam, alpha, length, early_stopping, one_hot):
     cache = {"state": jnp.repeat(seeds, beam)}  # [batch * beam]
     return beam_search_core(
-        lambda tokens, cache: hash_step(tokens, cache, table), cache, batch_size=seeds.shape[0],
-        beam_size=beam, alpha=alpha, max_decode_len=length, max_lengths=limits, bos_id=BOS, eos_id=EOS,
-        pad_id=PAD, one_hot=one_hot, early_stopping=early_stopping, return_state=True)
+        lambda tokens, cache: hash_step(tokens, cache, table),
+        cache,
+        batch_size=seeds.shape[0],
+        beam_size=beam,
+        alpha=alpha,
+        max_decode_len=length,
+        max_lengths=limits,
+        bos_id=BOS,
+        eos_id=EOS,
+        pad_id=PAD,
+        one_hot=one_hot,
+        early_stopping=early_stopping,
+        return_state=True,
+    )
 
 
 def run_beam(table, seeds, *, beam, alpha, length, limits=None, early_stopping=True, one_hot=False):
     seeds = jnp.asarray(seeds, jnp.int32)
     limits = jnp.full(seeds.shape, length, jnp.int32) if limits is None else jnp.asarray(limits, jnp.int32)
-    sequences, scores, state = _run_beam(jnp.asarray(table), seeds, limits, beam=beam, alpha=alpha, length=length,
-                                         early_stopping=early_stopping, one_hot=one_hot)
+    sequences, scores, state = _run_beam(
+        jnp.asarray(table),
+        seeds,
+        limits,
+        beam=beam,
+        alpha=alpha,
+        length=length,
+        early_stopping=early_stopping,
+        one_hot=one_hot,
+    )
     return np.asarray(sequences), np.asarray(scores), int(state.step)
 
 
@@ -82,7 +101,7 @@ def strip(sequence):
 # ------------------------------------------------------------------------------------------------ unit checks
 def test_length_penalty_is_gnmt_formula():
     assert float(length_penalty(1, 0.6)) == pytest.approx(1.0)  # |Y| = 1: a lone EOS
-    assert float(length_penalty(7, 0.6)) == pytest.approx(2.0 ** 0.6)
+    assert float(length_penalty(7, 0.6)) == pytest.approx(2.0**0.6)
     assert float(length_penalty(30, 0.0)) == 1.0
 
 
@@ -97,10 +116,15 @@ def test_decode_config_defaults_are_the_papers_and_bad_values_fail():
 
 def _state(live, finished, flags, index):
     batch, beam = np.shape(live)
-    return BeamState(index=jnp.array(index), live_seqs=jnp.zeros((batch, beam, 5), jnp.int32),
-                     live_log_probs=jnp.array(live, jnp.float32), finished_seqs=jnp.zeros((batch, beam, 5)),
-                     finished_scores=jnp.array(finished, jnp.float32), finished_flags=jnp.array(flags),
-                     cache={})
+    return BeamState(
+        index=jnp.array(index),
+        live_seqs=jnp.zeros((batch, beam, 5), jnp.int32),
+        live_log_probs=jnp.array(live, jnp.float32),
+        finished_seqs=jnp.zeros((batch, beam, 5)),
+        finished_scores=jnp.array(finished, jnp.float32),
+        finished_flags=jnp.array(flags),
+        cache={},
+    )
 
 
 def test_termination_bound_uses_the_penalty_at_the_length_limit():
@@ -126,8 +150,10 @@ def test_wide_beam_equals_exhaustive_enumeration(alpha):
     seeds, limits = [11, 42], [5, 3]  # the second sentence has a shorter length limit
     sequences, scores, _ = run_beam(table, seeds, beam=beam, alpha=alpha, length=length, limits=limits)
     for b, (seed, limit) in enumerate(zip(seeds, limits)):
-        oracle = sorted(((oracle_log_prob(table, seed, y) / ((5 + len(y)) / 6) ** alpha, y)
-                         for y in all_hypotheses(vocab, limit)), reverse=True)
+        oracle = sorted(
+            ((oracle_log_prob(table, seed, y) / ((5 + len(y)) / 6) ** alpha, y) for y in all_hypotheses(vocab, limit)),
+            reverse=True,
+        )
         found = [(float(s), strip(y)) for s, y in zip(scores[b], sequences[b]) if np.isfinite(s)]
         expected = oracle[:beam]
         assert len(found) == len(expected)
@@ -163,8 +189,15 @@ def test_one_hot_gather_equals_take_along_axis():
 # ------------------------------------------------------------------------------- beam 1 against greedy search
 @functools.partial(jax.jit, static_argnames=("length",))
 def _run_greedy(table, seeds, *, length):
-    return greedy_search(lambda tokens, cache: hash_step(tokens, cache, table), {"state": seeds},
-                         batch_size=seeds.shape[0], max_decode_len=length, bos_id=BOS, eos_id=EOS, pad_id=PAD)
+    return greedy_search(
+        lambda tokens, cache: hash_step(tokens, cache, table),
+        {"state": seeds},
+        batch_size=seeds.shape[0],
+        max_decode_len=length,
+        bos_id=BOS,
+        eos_id=EOS,
+        pad_id=PAD,
+    )
 
 
 def run_greedy(table, seeds, length):
@@ -222,19 +255,42 @@ def test_beam_one_hand_computed_case_where_it_beats_greedy():
     probabilities[0, 2, [2, 3, 4]] = [0.9, 0.05, 0.05]
     probabilities = jnp.asarray(probabilities)
     step = lambda tokens, cache: script_step(tokens, cache, probabilities)
-    tokens, lengths, _ = greedy_search(step, {"row": jnp.zeros(1, jnp.int32), "step": jnp.array(0)}, batch_size=1,
-                                       max_decode_len=3, bos_id=BOS, eos_id=EOS, pad_id=PAD)
+    tokens, lengths, _ = greedy_search(
+        step,
+        {"row": jnp.zeros(1, jnp.int32), "step": jnp.array(0)},
+        batch_size=1,
+        max_decode_len=3,
+        bos_id=BOS,
+        eos_id=EOS,
+        pad_id=PAD,
+    )
     assert tokens.tolist() == [[3, 4, 2]] and lengths.tolist() == [3]
     # alpha = 0: log 0.4 = -0.92 for [eos] beats log(0.5 * 0.6 * 0.9) = -1.31 for [a, b, eos].
-    sequences, scores = beam_search_core(step, {"row": jnp.zeros(1, jnp.int32), "step": jnp.array(0)},
-                                         batch_size=1, beam_size=1, alpha=0.0, max_decode_len=3, bos_id=BOS,
-                                         eos_id=EOS, pad_id=PAD)
+    sequences, scores = beam_search_core(
+        step,
+        {"row": jnp.zeros(1, jnp.int32), "step": jnp.array(0)},
+        batch_size=1,
+        beam_size=1,
+        alpha=0.0,
+        max_decode_len=3,
+        bos_id=BOS,
+        eos_id=EOS,
+        pad_id=PAD,
+    )
     assert sequences.tolist() == [[[2, 0, 0]]]
     assert float(scores[0, 0]) == pytest.approx(math.log(0.4), rel=1e-5)
     # alpha = 2 favours length: lp(1) = 1, lp(3) = (8/6)^2; -1.31 / 1.78 = -0.74 beats -0.92.
-    sequences, scores = beam_search_core(step, {"row": jnp.zeros(1, jnp.int32), "step": jnp.array(0)},
-                                         batch_size=1, beam_size=1, alpha=2.0, max_decode_len=3, bos_id=BOS,
-                                         eos_id=EOS, pad_id=PAD)
+    sequences, scores = beam_search_core(
+        step,
+        {"row": jnp.zeros(1, jnp.int32), "step": jnp.array(0)},
+        batch_size=1,
+        beam_size=1,
+        alpha=2.0,
+        max_decode_len=3,
+        bos_id=BOS,
+        eos_id=EOS,
+        pad_id=PAD,
+    )
     assert sequences.tolist() == [[[3, 4, 2]]]
     assert float(scores[0, 0]) == pytest.approx(math.log(0.5 * 0.6 * 0.9) / (8 / 6) ** 2, rel=1e-5)
 
@@ -245,21 +301,38 @@ def test_eos_first_gives_length_one_and_pad_after_eos():
     probabilities[1, :, 3] = 0.8  # sentence 1: never ends on its own; cut at its limit
     probabilities = jnp.asarray(probabilities)
     cache = {"row": jnp.repeat(jnp.arange(2), 2), "step": jnp.array(0)}
-    sequences, scores = beam_search_core(lambda t, c: script_step(t, c, probabilities), cache, batch_size=2,
-                                         beam_size=2, alpha=0.6, max_decode_len=4,
-                                         max_lengths=jnp.array([4, 3]), bos_id=BOS, eos_id=EOS, pad_id=PAD)
+    sequences, scores = beam_search_core(
+        lambda t, c: script_step(t, c, probabilities),
+        cache,
+        batch_size=2,
+        beam_size=2,
+        alpha=0.6,
+        max_decode_len=4,
+        max_lengths=jnp.array([4, 3]),
+        bos_id=BOS,
+        eos_id=EOS,
+        pad_id=PAD,
+    )
     assert sequences[0, 0].tolist() == [EOS, PAD, PAD, PAD]
     assert float(scores[0, 0]) == pytest.approx(math.log(0.8), rel=1e-5)
     assert sequences[1, 0].tolist() == [3, 3, 3, PAD]  # |Y| = 3 = its limit, no EOS
     assert float(scores[1, 0]) == pytest.approx(3 * math.log(0.8) / (8 / 6) ** 0.6, rel=1e-5)
     for row in np.asarray(sequences).reshape(-1, 4):  # nothing but pad after the first EOS or pad
         stop = next((i for i, t in enumerate(row) if t in (EOS, PAD)), 4)
-        assert all(t == PAD for t in row[stop + 1:])
+        assert all(t == PAD for t in row[stop + 1 :])
 
 
 # ------------------------------------------------------------------------------------- the real Transformer
-TINY = config_lib.tiny(vocab_size=7, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
-                       num_decoder_layers=2, max_len=16, dropout_rate=0.0)
+TINY = config_lib.tiny(
+    vocab_size=7,
+    d_model=16,
+    num_heads=2,
+    d_ff=32,
+    num_encoder_layers=1,
+    num_decoder_layers=2,
+    max_len=16,
+    dropout_rate=0.0,
+)
 
 
 @pytest.fixture(scope="module")
@@ -283,13 +356,19 @@ def test_transformer_wide_beam_equals_exhaustive_enumeration_in_a_padded_batch(t
     assert sequences.shape == (2, beam, length) and scores.shape == (2, beam)
     hypotheses = list(all_hypotheses(TINY.vocab_size, length))  # 156 of them
     decoder_inputs = jnp.array([[BOS] + list(y[:-1]) + [PAD] * (length - len(y)) for y in hypotheses])
-    forward = jax.jit(lambda source: model.apply({"params": params}, jnp.repeat(source[None], len(hypotheses), 0),
-                                                 decoder_inputs))  # one teacher-forced pass per source
+    forward = jax.jit(
+        lambda source: model.apply({"params": params}, jnp.repeat(source[None], len(hypotheses), 0), decoder_inputs)
+    )  # one teacher-forced pass per source
     for b in range(2):
         source = sources[b][sources[b] != PAD]
         log_probs = np.asarray(jax.nn.log_softmax(forward(source), axis=-1), np.float64)  # [156, length, vocab]
-        oracle = sorted(((sum(log_probs[k, i, t] for i, t in enumerate(y)) / ((5 + len(y)) / 6) ** alpha, y)
-                         for k, y in enumerate(hypotheses)), reverse=True)
+        oracle = sorted(
+            (
+                (sum(log_probs[k, i, t] for i, t in enumerate(y)) / ((5 + len(y)) / 6) ** alpha, y)
+                for k, y in enumerate(hypotheses)
+            ),
+            reverse=True,
+        )
         assert strip(sequences[b, 0]) == oracle[0][1]
         np.testing.assert_allclose(scores[b], [s for s, _ in oracle[:beam]], rtol=1e-5, atol=1e-5)
         by_sequence = {y: s for s, y in oracle}

@@ -21,9 +21,13 @@ def test_peak_table_matches_device_kinds_as_jax_names_them():
 
 def test_device_benchmark_smoke_runs_on_cpu(tmp_path):
     out = tmp_path / "device.json"
-    proc = subprocess.run(["bash", str(ROOT / "experiments/bench/device.sh"), "--smoke", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600, env={"PY": sys.executable, "PATH": "/usr/bin:/bin",
-                                                                            "JAX_PLATFORMS": "cpu"})
+    proc = subprocess.run(
+        ["bash", str(ROOT / "experiments/bench/device.sh"), "--smoke", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"PY": sys.executable, "PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(out.read_text())
     (row,) = report["results"]

@@ -20,8 +20,10 @@ from transformer_jax.train.state import TrainState
 
 def make_state(width=3, seed=0):
     key = jax.random.PRNGKey(seed)
-    params = {"dense": {"kernel": jax.random.normal(key, (2, width)), "bias": jnp.arange(width, dtype=jnp.float32)},
-              "norm": {"scale": jnp.ones(2)}}
+    params = {
+        "dense": {"kernel": jax.random.normal(key, (2, width)), "bias": jnp.arange(width, dtype=jnp.float32)},
+        "norm": {"scale": jnp.ones(2)},
+    }
     tx = optax.adam(1e-3)
     opt_state = tx.init(params)
     _, opt_state = tx.update(jax.tree.map(jnp.ones_like, params), opt_state, params)  # non-trivial moments
@@ -37,7 +39,9 @@ def test_round_trip_is_exact_and_keeps_last_n(tmp_path):
     state = make_state()
     checkpointer = Checkpointer(tmp_path, keep=2, async_save=True)
     for step in (1, 2, 3):
-        checkpointer.save(step, state.replace(step=jnp.array(step, jnp.int32)), {"batches": {"epoch": 0, "index": step}})
+        checkpointer.save(
+            step, state.replace(step=jnp.array(step, jnp.int32)), {"batches": {"epoch": 0, "index": step}}
+        )
     checkpointer.wait()
     assert checkpointer.all_steps() == [2, 3]
     restored, data = checkpointer.restore(3, abstract_of(state))
@@ -87,9 +91,11 @@ def test_average_params_is_the_elementwise_mean(tmp_path):
         checkpointer.save(step, state)
     checkpointer.close()
     mean = average_params(tmp_path, last=2)
-    np.testing.assert_allclose(mean["dense"]["kernel"],
-                               (states[1].params["dense"]["kernel"] + states[2].params["dense"]["kernel"]) / 2,
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        mean["dense"]["kernel"],
+        (states[1].params["dense"]["kernel"] + states[2].params["dense"]["kernel"]) / 2,
+        rtol=1e-6,
+    )
 
 
 def test_config_json_round_trip(tmp_path):

@@ -22,8 +22,9 @@ pytestmark = pytest.mark.xdist_group("checkpoint_topology")
 
 def run_helper(*args) -> dict:
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, str(HELPER), *map(str, args)], capture_output=True, text=True,
-                          timeout=600, env=env)
+    proc = subprocess.run(
+        [sys.executable, str(HELPER), *map(str, args)], capture_output=True, text=True, timeout=600, env=env
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -36,8 +36,9 @@ def run_cli(argv, stdin="", monkeypatch=None, capsys=None):
 
 
 def test_average_is_the_mean_of_the_last_checkpoints(workdir, monkeypatch, capsys):
-    code, out, _ = run_cli(["average", "--workdir", str(workdir), "--last", "2"], monkeypatch=monkeypatch,
-                           capsys=capsys)
+    code, out, _ = run_cli(
+        ["average", "--workdir", str(workdir), "--last", "2"], monkeypatch=monkeypatch, capsys=capsys
+    )
     assert code == 0 and "[6, 9]" in out
     averaged = ckpt.load_params(workdir, "averaged")
     six, nine = ckpt.load_params(workdir, 6), ckpt.load_params(workdir, 9)
@@ -47,8 +48,12 @@ def test_average_is_the_mean_of_the_last_checkpoints(workdir, monkeypatch, capsy
 
 
 def test_translate_keeps_order_and_empty_lines_and_batches_like_single_sentences(workdir, monkeypatch, capsys):
-    code, out, _ = run_cli(["translate", "--workdir", str(workdir), "--greedy", "--batch-size", "2"],
-                           stdin="\n".join(SOURCES) + "\n", monkeypatch=monkeypatch, capsys=capsys)
+    code, out, _ = run_cli(
+        ["translate", "--workdir", str(workdir), "--greedy", "--batch-size", "2"],
+        stdin="\n".join(SOURCES) + "\n",
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
     lines = out.split("\n")[:-1]
     assert code == 0 and len(lines) == len(SOURCES) and lines[1] == ""
     translator = Translator.from_workdir(workdir, method="greedy", batch_size=1)
@@ -58,12 +63,20 @@ def test_translate_keeps_order_and_empty_lines_and_batches_like_single_sentences
 
 def test_too_long_input_is_truncated_with_a_warning_or_refused(workdir, monkeypatch, capsys, caplog):
     long_line = " ".join(["seventy-seven"] * 40)  # far more than max_len=32 pieces
-    code, out, _ = run_cli(["translate", "--workdir", str(workdir), "--greedy"], stdin=long_line + "\n",
-                           monkeypatch=monkeypatch, capsys=capsys)
+    code, out, _ = run_cli(
+        ["translate", "--workdir", str(workdir), "--greedy"],
+        stdin=long_line + "\n",
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
     assert code == 0 and len(out.split("\n")) == 2
     assert "more than the model's max_len=32; truncated" in caplog.text
-    code, out, err = run_cli(["translate", "--workdir", str(workdir), "--greedy", "--on-too-long", "error"],
-                             stdin="a cat\n" + long_line + "\n", monkeypatch=monkeypatch, capsys=capsys)
+    code, out, err = run_cli(
+        ["translate", "--workdir", str(workdir), "--greedy", "--on-too-long", "error"],
+        stdin="a cat\n" + long_line + "\n",
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
     assert code == 1 and "input line 2 has" in err and "max_len=32" in err
     assert len(out.splitlines()) == 1  # the line before the refused one was translated and written
 
@@ -72,9 +85,21 @@ def test_evaluate_scores_with_sacrebleu(workdir, tmp_path, monkeypatch, capsys):
     sources, references = tmp_path / "src.en", tmp_path / "ref.de"
     sources.write_text("three small red cats\nthe 3rd of May 2021\n")
     references.write_text("drei kleine rote Katzen\nder 3. Mai 2021\n")
-    code, out, _ = run_cli(["evaluate", "--workdir", str(workdir), "--beam-size", "2", "--source-file",
-                            str(sources), "--reference-file", str(references)], monkeypatch=monkeypatch,
-                           capsys=capsys)
+    code, out, _ = run_cli(
+        [
+            "evaluate",
+            "--workdir",
+            str(workdir),
+            "--beam-size",
+            "2",
+            "--source-file",
+            str(sources),
+            "--reference-file",
+            str(references),
+        ],
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
     assert code == 0 and "nrefs:1|case:mixed|eff:no|tok:13a" in out and "case:lc" in out
     result = json.loads((workdir / "eval" / "src.latest.beam2-alpha0.6.json").read_text())
     hypotheses = (workdir / "eval" / "src.latest.beam2-alpha0.6.txt").read_text().splitlines()
@@ -88,19 +113,24 @@ def test_evaluate_refuses_mismatched_files(workdir, tmp_path, monkeypatch, capsy
     sources, references = tmp_path / "a.en", tmp_path / "b.de"
     sources.write_text("one\ntwo\n")
     references.write_text("eins\n")
-    code, _, err = run_cli(["evaluate", "--workdir", str(workdir), "--source-file", str(sources),
-                            "--reference-file", str(references)], monkeypatch=monkeypatch, capsys=capsys)
+    code, _, err = run_cli(
+        ["evaluate", "--workdir", str(workdir), "--source-file", str(sources), "--reference-file", str(references)],
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
     assert code == 1 and "has 2 lines but" in err and "has 1" in err
 
 
 def test_torch_export_and_import_round_trip(workdir, tmp_path, monkeypatch, capsys):
     pytest.importorskip("torch")
     exported = tmp_path / "model.pt"
-    code, _, _ = run_cli(["export-torch", "--workdir", str(workdir), "--output", str(exported)],
-                         monkeypatch=monkeypatch, capsys=capsys)
+    code, _, _ = run_cli(
+        ["export-torch", "--workdir", str(workdir), "--output", str(exported)], monkeypatch=monkeypatch, capsys=capsys
+    )
     assert code == 0 and exported.stat().st_size > 0
-    code, _, _ = run_cli(["import-torch", "--workdir", str(workdir), "--input", str(exported)],
-                         monkeypatch=monkeypatch, capsys=capsys)
+    code, _, _ = run_cli(
+        ["import-torch", "--workdir", str(workdir), "--input", str(exported)], monkeypatch=monkeypatch, capsys=capsys
+    )
     assert code == 0
     jax.tree.map(np.testing.assert_array_equal, ckpt.load_params(workdir, "imported"), ckpt.load_params(workdir))
 
@@ -119,9 +149,27 @@ def test_translate_files_nbest_jsonl_and_token_batches(workdir, tmp_path, monkey
     source = tmp_path / "in.en"
     source.write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
     output = tmp_path / "out.jsonl"
-    code, out, _ = run_cli(["translate", "--workdir", str(workdir), "--input", str(source), "--output",
-                            str(output), "--nbest", "3", "--beam-size", "3", "--format", "jsonl",
-                            "--max-tokens", "40"], monkeypatch=monkeypatch, capsys=capsys)
+    code, out, _ = run_cli(
+        [
+            "translate",
+            "--workdir",
+            str(workdir),
+            "--input",
+            str(source),
+            "--output",
+            str(output),
+            "--nbest",
+            "3",
+            "--beam-size",
+            "3",
+            "--format",
+            "jsonl",
+            "--max-tokens",
+            "40",
+        ],
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
     assert code == 0 and out == ""
     rows = [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines()]
     assert [row["source"] for row in rows] == SOURCES
@@ -132,8 +180,7 @@ def test_translate_files_nbest_jsonl_and_token_batches(workdir, tmp_path, monkey
             continue
         expected = translator.translate_nbest([source_line], nbest=3)[0]
         assert [h["text"] for h in row["hypotheses"]] == [h.text for h in expected]
-        np.testing.assert_allclose([h["score"] for h in row["hypotheses"]], [h.score for h in expected],
-                                   rtol=1e-5)
+        np.testing.assert_allclose([h["score"] for h in row["hypotheses"]], [h.score for h in expected], rtol=1e-5)
         scores = [h["score"] for h in row["hypotheses"]]
         assert scores == sorted(scores, reverse=True)  # best first
 
@@ -160,15 +207,17 @@ def test_load_gives_a_ready_translator(workdir):
     import transformer_jax
 
     translator = transformer_jax.load(workdir, method="greedy")
-    assert translator.translate(["three small red cats"]) == \
-        Translator.from_workdir(workdir, method="greedy").translate(["three small red cats"])
+    assert translator.translate(["three small red cats"]) == Translator.from_workdir(
+        workdir, method="greedy"
+    ).translate(["three small red cats"])
     assert set(translator.params) >= {"embed", "encoder", "decoder"}
 
 
 @pytest.mark.parametrize("last", ["0", "-2"])
 def test_average_refuses_a_non_positive_count(workdir, last, monkeypatch, capsys):
-    code, _, err = run_cli(["average", "--workdir", str(workdir), "--last", last], monkeypatch=monkeypatch,
-                           capsys=capsys)
+    code, _, err = run_cli(
+        ["average", "--workdir", str(workdir), "--last", last], monkeypatch=monkeypatch, capsys=capsys
+    )
     assert code == 2 and "--last" in err
 
 
@@ -181,23 +230,32 @@ def test_average_on_a_missing_workdir_creates_nothing(tmp_path, monkeypatch, cap
 def test_workdir_problems_fail_at_once_and_write_nothing(workdir, tmp_path, monkeypatch, capsys):
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
-    code, _, err = run_cli(["train", "--config", "experiments/tiny.py", "--workdir", str(a_file)],
-                           monkeypatch=monkeypatch, capsys=capsys)
+    code, _, err = run_cli(
+        ["train", "--config", "experiments/tiny.py", "--workdir", str(a_file)], monkeypatch=monkeypatch, capsys=capsys
+    )
     assert code == 1 and "is a file" in err
-    code, _, err = run_cli(["train", "--config", "experiments/tiny.py", "--workdir", "gs://bucket/run"],
-                           monkeypatch=monkeypatch, capsys=capsys)
+    code, _, err = run_cli(
+        ["train", "--config", "experiments/tiny.py", "--workdir", "gs://bucket/run"],
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
     assert code == 1 and "remote paths" in err and not Path("gs:").exists()
     read_only = tmp_path / "read-only"
     read_only.mkdir()
     read_only.chmod(0o555)
     if os.geteuid() == 0:  # root may write anywhere: let the permission check see what a user would
         real_access = os.access
-        monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == read_only
-                            else real_access(path, mode))
-    for command in (["average"], ["import-torch", "--input", "model.pt"],
-                    ["evaluate", "--source-file", "a", "--reference-file", "b"]):
-        code, _, err = run_cli([command[0], "--workdir", str(read_only), *command[1:]], monkeypatch=monkeypatch,
-                               capsys=capsys)
+        monkeypatch.setattr(
+            os, "access", lambda path, mode: False if Path(path) == read_only else real_access(path, mode)
+        )
+    for command in (
+        ["average"],
+        ["import-torch", "--input", "model.pt"],
+        ["evaluate", "--source-file", "a", "--reference-file", "b"],
+    ):
+        code, _, err = run_cli(
+            [command[0], "--workdir", str(read_only), *command[1:]], monkeypatch=monkeypatch, capsys=capsys
+        )
         assert code == 1 and "not writable" in err, command
     assert list(read_only.iterdir()) == []  # nothing written
 
@@ -205,8 +263,20 @@ def test_workdir_problems_fail_at_once_and_write_nothing(workdir, tmp_path, monk
 def test_evaluate_with_empty_files_says_so(workdir, tmp_path, monkeypatch, capsys):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
-    code, _, err = run_cli(["evaluate", "--workdir", str(workdir), "--source-file", str(empty),
-                            "--reference-file", str(empty), "--greedy"], monkeypatch=monkeypatch, capsys=capsys)
+    code, _, err = run_cli(
+        [
+            "evaluate",
+            "--workdir",
+            str(workdir),
+            "--source-file",
+            str(empty),
+            "--reference-file",
+            str(empty),
+            "--greedy",
+        ],
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
     assert code == 1 and "no sentence pairs" in err and "Traceback" not in err
 
 
@@ -214,16 +284,29 @@ def test_translate_into_a_closed_pipe_stops_quietly(workdir):
     import subprocess
 
     lines = "three small red cats\n" * 200
-    command = (f"set -o pipefail; {sys.executable} -m transformer_jax --compilation-cache off translate "
-               f"--workdir {workdir} --greedy --chunk-lines 1 | head -1")
+    command = (
+        f"set -o pipefail; {sys.executable} -m transformer_jax --compilation-cache off translate "
+        f"--workdir {workdir} --greedy --chunk-lines 1 | head -1"
+    )
     proc = subprocess.run(["bash", "-c", command], input=lines, capture_output=True, text=True, timeout=300)
     assert len(proc.stdout.splitlines()) == 1
     assert proc.returncode == 141 and "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr
 
 
 def test_print_config_refuses_invalid_values(monkeypatch, capsys):
-    code, out, err = run_cli(["train", "--config", "experiments/tiny.py", "--workdir", "unused", "--print-config",
-                              "--config.train.label_smoothing=1.5"], monkeypatch=monkeypatch, capsys=capsys)
+    code, out, err = run_cli(
+        [
+            "train",
+            "--config",
+            "experiments/tiny.py",
+            "--workdir",
+            "unused",
+            "--print-config",
+            "--config.train.label_smoothing=1.5",
+        ],
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
     assert code == 2 and "label_smoothing" in err and out == ""
 
 
@@ -245,7 +328,8 @@ def test_import_torch_of_a_file_that_is_not_a_state_dict(workdir, tmp_path, monk
     pytest.importorskip("torch")
     bogus = tmp_path / "notes.txt"
     bogus.write_text("not a checkpoint\n")
-    code, _, err = run_cli(["import-torch", "--workdir", str(workdir), "--input", str(bogus)],
-                           monkeypatch=monkeypatch, capsys=capsys)
+    code, _, err = run_cli(
+        ["import-torch", "--workdir", str(workdir), "--input", str(bogus)], monkeypatch=monkeypatch, capsys=capsys
+    )
     assert code == 1 and "not a state_dict file written by torch.save" in err
     assert "weights_only=False" not in err and "Traceback" not in err

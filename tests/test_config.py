@@ -8,8 +8,22 @@ from transformer_jax.config import ModelConfig, base, big, tiny
 
 def test_presets_are_table_3():
     b, g = base(), big()
-    assert (b.num_encoder_layers, b.d_model, b.d_ff, b.num_heads, b.head_dim, b.dropout_rate) == (6, 512, 2048, 8, 64, 0.1)
-    assert (g.num_encoder_layers, g.d_model, g.d_ff, g.num_heads, g.head_dim, g.dropout_rate) == (6, 1024, 4096, 16, 64, 0.3)
+    assert (b.num_encoder_layers, b.d_model, b.d_ff, b.num_heads, b.head_dim, b.dropout_rate) == (
+        6,
+        512,
+        2048,
+        8,
+        64,
+        0.1,
+    )
+    assert (g.num_encoder_layers, g.d_model, g.d_ff, g.num_heads, g.head_dim, g.dropout_rate) == (
+        6,
+        1024,
+        4096,
+        16,
+        64,
+        0.3,
+    )
     assert b.norm_position == "post" and b.position_encoding == "sinusoidal" and b.share_embeddings
     assert b.attention_dropout_rate == 0.0 and b.relu_dropout_rate == 0.0
     assert tiny(d_model=32, num_heads=2).head_dim == 16

@@ -74,13 +74,14 @@ def test_tfds_wmt14_is_english_to_german_by_default(tmp_path):
     def fake_data_source(builder, split, **kwargs):
         """Stands in for the prepared ArrayRecord files; tfds stores wmt14 'de-en' German first."""
         requests.append((builder.name, split))
-        return [{"de": b"Guten Morgen", "en": b"good morning"},
-                {"de": b"Die Katze", "en": b"The cat"}]
+        return [{"de": b"Guten Morgen", "en": b"good morning"}, {"de": b"Die Katze", "en": b"The cat"}]
 
     with tfds.testing.mock_data(as_data_source_fn=fake_data_source, data_dir=str(tmp_path)):
         english_to_german = make_source("tfds", data_dir=str(tmp_path))
         assert list(english_to_german.pairs("validation")) == [
-            ("good morning", "Guten Morgen"), ("The cat", "Die Katze")]
+            ("good morning", "Guten Morgen"),
+            ("The cat", "Die Katze"),
+        ]
         german_to_english = make_source("tfds", source_lang="de", target_lang="en")
         assert next(german_to_english.pairs("test")) == ("Guten Morgen", "good morning")
         with pytest.raises(KeyError, match=r"keys \['de', 'en'\].*source_lang='fr'"):
@@ -93,8 +94,10 @@ def test_every_kind_serves_every_split(tmp_path):
     for split in SPLITS:
         write(tmp_path / f"{split}.en", [b"hello"])
         write(tmp_path / f"{split}.de", [b"hallo"])
-    for source in (make_source("local", directory=tmp_path), make_source("builtin", split_sizes={
-            "train": 5, "validation": 5, "test": 5})):
+    for source in (
+        make_source("local", directory=tmp_path),
+        make_source("builtin", split_sizes={"train": 5, "validation": 5, "test": 5}),
+    ):
         for split in SPLITS:
             assert all(isinstance(text, str) and text for pair in source.pairs(split) for text in pair)
 

@@ -23,8 +23,16 @@ from transformer_jax.decoding.config import per_sentence_limits, resolve_max_dec
 from transformer_jax.model import Transformer
 
 PAD, BOS, EOS = 0, 1, 2
-TINY = config_lib.tiny(vocab_size=11, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
-                       num_decoder_layers=2, max_len=16, dropout_rate=0.0)
+TINY = config_lib.tiny(
+    vocab_size=11,
+    d_model=16,
+    num_heads=2,
+    d_ff=32,
+    num_encoder_layers=1,
+    num_decoder_layers=2,
+    max_len=16,
+    dropout_rate=0.0,
+)
 SOURCES = jnp.array([[5, 6, 3, 4, 9, 7, 2], [4, 3, 8, 2, 0, 0, 0]], jnp.int32)  # [batch=2, src_len=7]
 
 
@@ -33,8 +41,9 @@ def random_params(model, seed=0, scale=0.6):
     shapes = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), SOURCES, SOURCES)["params"])
     leaves, treedef = jax.tree.flatten(shapes)
     rng = np.random.default_rng(seed)
-    return jax.tree.unflatten(treedef, [jnp.asarray(scale * rng.normal(size=leaf.shape), jnp.float32)
-                                        for leaf in leaves])
+    return jax.tree.unflatten(
+        treedef, [jnp.asarray(scale * rng.normal(size=leaf.shape), jnp.float32) for leaf in leaves]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +64,7 @@ def compiled(tiny):
 
     init = jax.jit(lambda e: init_cache(model, params, e, SOURCES, 6)).lower(encoded).compile()  # 6 steps
     forward = jax.jit(lambda decoder_inputs: model.apply({"params": params}, SOURCES, decoder_inputs))
-    return {"encoded": encoded, "cache": init(encoded), "init_hlo": init.as_text(), "step": step,
-            "forward": forward}
+    return {"encoded": encoded, "cache": init(encoded), "init_hlo": init.as_text(), "step": step, "forward": forward}
 
 
 # ------------------------------------------------------------------------------------------------ cache
@@ -102,12 +110,14 @@ def test_cross_attention_keys_values_are_computed_once_per_source(tiny, compiled
     step = transformer_step_fn(model, params, encoded, SOURCES)
     # A K/V projection of the memory is a dot with a [batch * src_len, d_model] operand (the tokens flattened).
     memory_tokens = SOURCES.shape[0] * SOURCES.shape[1]
-    projects_memory = lambda operands: any(  # noqa: E731
-        len(shape) >= 2 and shape[-1] == TINY.d_model and int(np.prod(shape[:-1])) == memory_tokens
-        for shape in operands)
+    projects_memory = (
+        lambda operands: any(  # noqa: E731
+            len(shape) >= 2 and shape[-1] == TINY.d_model and int(np.prod(shape[:-1])) == memory_tokens
+            for shape in operands
+        )
+    )
     step_dots = _dot_operand_shapes(jax.make_jaxpr(step)(jnp.full((2,), BOS), cache).jaxpr)
-    init_dots = _dot_operand_shapes(jax.make_jaxpr(
-        lambda e: init_cache(model, params, e, SOURCES, 6))(encoded).jaxpr)
+    init_dots = _dot_operand_shapes(jax.make_jaxpr(lambda e: init_cache(model, params, e, SOURCES, 6))(encoded).jaxpr)
     assert sum(map(projects_memory, init_dots)) == 2 * 2  # the check sees K and V of both layers there...
     assert step_dots and not any(map(projects_memory, step_dots))  # ...and no step repeats them
 
@@ -116,8 +126,9 @@ def test_cross_attention_keys_values_are_computed_once_per_source(tiny, compiled
 
     _, stepped = compiled["step"](jnp.full((2,), BOS), cache)
     for name in ("memory_key", "memory_value"):
-        np.testing.assert_array_equal(stepped["decoder"]["layer_1"]["cross_attention"][name],
-                                      cache["decoder"]["layer_1"]["cross_attention"][name])
+        np.testing.assert_array_equal(
+            stepped["decoder"]["layer_1"]["cross_attention"][name], cache["decoder"]["layer_1"]["cross_attention"][name]
+        )
 
 
 def test_reorder_cache_moves_hypotheses_and_leaves_source_and_scalars(compiled):
@@ -131,11 +142,13 @@ def test_reorder_cache_moves_hypotheses_and_leaves_source_and_scalars(compiled):
                 before = cache["decoder"][f"layer_{index}"]
                 after = moved["decoder"][f"layer_{index}"]
                 for name in ("cached_key", "cached_value"):
-                    np.testing.assert_array_equal(after["self_attention"][name],
-                                                  before["self_attention"][name][indices[0]])
+                    np.testing.assert_array_equal(
+                        after["self_attention"][name], before["self_attention"][name][indices[0]]
+                    )
                 assert int(after["self_attention"]["cache_index"]) == 1
-                np.testing.assert_array_equal(after["cross_attention"]["memory_value"],
-                                              before["cross_attention"]["memory_value"])
+                np.testing.assert_array_equal(
+                    after["cross_attention"]["memory_value"], before["cross_attention"]["memory_value"]
+                )
     x = jnp.arange(2 * 3 * 4, dtype=jnp.float32).reshape(2, 3, 4) * 1.37  # [batch, beam, ...]
     indices = jnp.array([[2, 2, 0], [1, 0, 1]])
     expected = np.stack([np.asarray(x)[0, [2, 2, 0]], np.asarray(x)[1, [1, 0, 1]]])
@@ -153,8 +166,10 @@ def test_cache_is_sharded_along_the_batch_like_the_activations(compiled):
     assert layer["self_attention"]["cache_index"].spec == PartitionSpec()
     assert shardings["decoder"]["position"].spec == PartitionSpec()
     constrained = jax.jit(lambda c: constrain_cache(c, mesh))(cache)
-    np.testing.assert_array_equal(constrained["decoder"]["layer_0"]["self_attention"]["cached_key"],
-                                  cache["decoder"]["layer_0"]["self_attention"]["cached_key"])
+    np.testing.assert_array_equal(
+        constrained["decoder"]["layer_0"]["self_attention"]["cached_key"],
+        cache["decoder"]["layer_0"]["self_attention"]["cached_key"],
+    )
 
 
 # ----------------------------------------------------------------------------------------------- greedy
@@ -176,8 +191,9 @@ def test_greedy_matches_teacher_forcing_batch_equals_alone_and_eos_ends_rows(tin
     # sentence 0 stops at its first occurrence of that token, if any.
     first = int(tokens[1, 0])
     assert first not in (PAD, BOS), "pick parameters whose greedy output starts with an ordinary token"
-    relabelled, relabelled_lengths = greedy_decode(Transformer(TINY.replace(eos_id=first)), params, SOURCES,
-                                                   max_decode_len=6)
+    relabelled, relabelled_lengths = greedy_decode(
+        Transformer(TINY.replace(eos_id=first)), params, SOURCES, max_decode_len=6
+    )
     assert np.asarray(relabelled)[1].tolist() == [first] + [PAD] * 5
     row = tokens[0].tolist()
     cut = row.index(first) + 1 if first in row else len(row)
@@ -200,10 +216,16 @@ def test_greedy_eos_first_has_length_one_pad_after_eos_and_limits_per_sentence()
     probabilities[:, :, PAD] = 0.95  # pad is never emitted, however likely
     cache = {"row": jnp.arange(4), "step": jnp.array(0)}
     tokens, lengths, log_probs = greedy_search(
-        lambda t, c: script_step(t, c, jnp.asarray(probabilities)), cache, batch_size=4, max_decode_len=5,
-        max_lengths=jnp.array([5, 5, 5, 2]), bos_id=BOS, eos_id=EOS, pad_id=PAD)
-    assert tokens.tolist() == [[EOS, PAD, PAD, PAD, PAD], [3, 4, EOS, PAD, PAD], [5, 5, 5, 5, 5],
-                               [5, 5, PAD, PAD, PAD]]
+        lambda t, c: script_step(t, c, jnp.asarray(probabilities)),
+        cache,
+        batch_size=4,
+        max_decode_len=5,
+        max_lengths=jnp.array([5, 5, 5, 2]),
+        bos_id=BOS,
+        eos_id=EOS,
+        pad_id=PAD,
+    )
+    assert tokens.tolist() == [[EOS, PAD, PAD, PAD, PAD], [3, 4, EOS, PAD, PAD], [5, 5, 5, 5, 5], [5, 5, PAD, PAD, PAD]]
     assert lengths.tolist() == [1, 3, 5, 2]
     normaliser = np.log(probabilities[0, 0].sum())
     np.testing.assert_allclose(log_probs[0], np.log(0.9) - normaliser, rtol=1e-5)

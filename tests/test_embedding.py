@@ -33,8 +33,8 @@ def test_relative_position_is_a_rotation_depending_only_on_offset():
             omega = 1.0 / 10000 ** (2 * i / d_model)
             rotation = np.array([[np.cos(k * omega), np.sin(k * omega)], [-np.sin(k * omega), np.cos(k * omega)]])
             for pos in (0, 3, 60, 150):
-                pair = table[pos, 2 * i: 2 * i + 2]
-                np.testing.assert_allclose(rotation @ pair, table[pos + k, 2 * i: 2 * i + 2], atol=1e-5)
+                pair = table[pos, 2 * i : 2 * i + 2]
+                np.testing.assert_allclose(rotation @ pair, table[pos + k, 2 * i : 2 * i + 2], atol=1e-5)
 
 
 def test_embedding_scaled_by_sqrt_d_model_and_tied_logits():
@@ -43,8 +43,9 @@ def test_embedding_scaled_by_sqrt_d_model_and_tied_logits():
     tokens = jnp.array([[3, 7]])
     params = nn.unbox(module.init(jax.random.key(0), tokens)["params"])
     matrix = np.asarray(params["embedding"])
-    np.testing.assert_allclose(module.apply({"params": params}, tokens)[0], matrix[[3, 7]] * math.sqrt(cfg.d_model),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        module.apply({"params": params}, tokens)[0], matrix[[3, 7]] * math.sqrt(cfg.d_model), rtol=1e-6
+    )
     x = jnp.asarray(np.random.default_rng(0).normal(size=(1, 2, cfg.d_model)), jnp.bfloat16)
     logits = module.apply({"params": params}, x, method=TokenEmbedding.attend)
     assert logits.dtype == jnp.float32

@@ -42,11 +42,23 @@ def test_every_shipped_experiment_loads_and_round_trips_through_json(name):
 
 
 def test_overrides_are_parsed_by_the_fields_type():
-    experiment = apply_overrides(Experiment(), [
-        ("train.steps", "7"), ("optimizer.lr_scale", "2"), ("train.async_checkpoints", "off"),
-        ("data.bucket_boundaries", "(16, 32)"), ("data.bucket_boundaries", "[8, 64]"), ("model.dtype", "bfloat16"),
-        ("decode.max_decode_len", "None"), ("distributed.num_processes", "4"), ("data.path", "123"),
-        ("data.options.split_sizes", "{'train': 10}"), ("data.options.note", "free text"), ("data.vocab_size", "900")])
+    experiment = apply_overrides(
+        Experiment(),
+        [
+            ("train.steps", "7"),
+            ("optimizer.lr_scale", "2"),
+            ("train.async_checkpoints", "off"),
+            ("data.bucket_boundaries", "(16, 32)"),
+            ("data.bucket_boundaries", "[8, 64]"),
+            ("model.dtype", "bfloat16"),
+            ("decode.max_decode_len", "None"),
+            ("distributed.num_processes", "4"),
+            ("data.path", "123"),
+            ("data.options.split_sizes", "{'train': 10}"),
+            ("data.options.note", "free text"),
+            ("data.vocab_size", "900"),
+        ],
+    )
     assert experiment.train.steps == 7 and isinstance(experiment.train.steps, int)
     assert experiment.optimizer.lr_scale == 2.0 and isinstance(experiment.optimizer.lr_scale, float)
     assert experiment.train.async_checkpoints is False
@@ -58,21 +70,24 @@ def test_overrides_are_parsed_by_the_fields_type():
     assert experiment.model.vocab_size == 900  # follows the tokenizer's size
 
 
-@pytest.mark.parametrize("override, message", [
-    (("train.stepz", "3"), "unknown field 'stepz'; known fields of train: ['accum_steps'"),
-    (("trian.steps", "3"), "no section 'trian'"),
-    (("train.steps", "many"), "--config.train.steps='many': expected an int"),
-    (("train.steps", "2.5"), "expected an int, got float"),
-    (("train.steps", "0"), "train.steps=0 must be a positive integer"),
-    (("train.progress", "maybe"), "expected true or false"),
-    (("train.dropout_prng", "mersenne"), "train.dropout_prng='mersenne' is unknown; use one of ('rbg_threefry'"),
-    (("model.vocab_size", "9"), "come from the SentencePiece model; set data.vocab_size"),
-    (("model.num_heads", "3"), "model section: ModelConfig.d_model=512 is not divisible by num_heads=3"),
-    (("data.max_len", "1024"), "data.max_len=1024 exceeds the model's max_len=512"),
-    (("mesh.mode", "pmap"), None),  # fine alone; with fsdp > 1 below it is not
-    (("optimizer.lr_scale", "-1"), "optimizer.lr_scale=-1.0 must be positive"),
-    (("decode.beam_size", "0"), "decode.beam_size=0 must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (("train.stepz", "3"), "unknown field 'stepz'; known fields of train: ['accum_steps'"),
+        (("trian.steps", "3"), "no section 'trian'"),
+        (("train.steps", "many"), "--config.train.steps='many': expected an int"),
+        (("train.steps", "2.5"), "expected an int, got float"),
+        (("train.steps", "0"), "train.steps=0 must be a positive integer"),
+        (("train.progress", "maybe"), "expected true or false"),
+        (("train.dropout_prng", "mersenne"), "train.dropout_prng='mersenne' is unknown; use one of ('rbg_threefry'"),
+        (("model.vocab_size", "9"), "come from the SentencePiece model; set data.vocab_size"),
+        (("model.num_heads", "3"), "model section: ModelConfig.d_model=512 is not divisible by num_heads=3"),
+        (("data.max_len", "1024"), "data.max_len=1024 exceeds the model's max_len=512"),
+        (("mesh.mode", "pmap"), None),  # fine alone; with fsdp > 1 below it is not
+        (("optimizer.lr_scale", "-1"), "optimizer.lr_scale=-1.0 must be positive"),
+        (("decode.beam_size", "0"), "decode.beam_size=0 must be a positive integer"),
+    ],
+)
 def test_bad_overrides_name_the_field_and_the_fix(override, message):
     if message is None:
         with pytest.raises(ConfigError, match="data parallel only"):
@@ -101,8 +116,10 @@ def test_a_config_file_must_return_an_experiment(tmp_path):
     path.write_text("def get_config():\n    return {'train': {'steps': 3}}\n")
     with pytest.raises(ConfigError, match="returning a transformer_jax.experiment.Experiment"):
         load_config_file(path)
-    path.write_text("from transformer_jax.experiment import TrainConfig, Experiment\n"
-                    "def get_config():\n    return Experiment(train=TrainConfig(steps=-1))\n")
+    path.write_text(
+        "from transformer_jax.experiment import TrainConfig, Experiment\n"
+        "def get_config():\n    return Experiment(train=TrainConfig(steps=-1))\n"
+    )
     with pytest.raises(ConfigError, match="old.py: train.steps=-1 must be a positive integer"):
         load_config_file(path)
     with pytest.raises(ConfigError, match="not found"):
@@ -123,8 +140,9 @@ def test_config_json_of_version_0_1_replays_and_resumes(tmp_path):
 
 def test_resume_refuses_model_and_data_changes_and_reports_the_rest():
     saved = Experiment().to_dict()
-    new = apply_overrides(Experiment(), [("model.d_ff", "1024"), ("train.steps", "5"),
-                                         ("optimizer.warmup_steps", "100")]).to_dict()
+    new = apply_overrides(
+        Experiment(), [("model.d_ff", "1024"), ("train.steps", "5"), ("optimizer.warmup_steps", "100")]
+    ).to_dict()
     refused, allowed = resume_changes(saved, new)
     assert refused == ["model.d_ff: 2048 → 1024"]
     assert allowed == ["optimizer.warmup_steps: 4000 → 100", "train.steps: 100000 → 5"]
@@ -132,8 +150,11 @@ def test_resume_refuses_model_and_data_changes_and_reports_the_rest():
 
 def test_every_model_field_is_an_override():
     """A new ModelConfig field is a --config.model override without further code."""
-    names = [field.name for field in dataclasses.fields(ModelConfig)
-             if field.name not in ("vocab_size", "pad_id", "bos_id", "eos_id")]
+    names = [
+        field.name
+        for field in dataclasses.fields(ModelConfig)
+        if field.name not in ("vocab_size", "pad_id", "bos_id", "eos_id")
+    ]
     for name in names:
         value = getattr(Experiment().model, name)
         text = str(value) if not isinstance(value, str) else value

@@ -67,7 +67,8 @@ def test_matches_torch_cross_entropy_label_smoothing():
     targets[0, 3:] = 0
     sums = cross_entropy_sums(jnp.array(logits), jnp.array(targets), label_smoothing=0.1, pad_id=0)
     expected = torch.nn.CrossEntropyLoss(label_smoothing=0.1, ignore_index=0, reduction="sum")(
-        torch.from_numpy(logits).reshape(-1, 11), torch.from_numpy(targets).reshape(-1))
+        torch.from_numpy(logits).reshape(-1, 11), torch.from_numpy(targets).reshape(-1)
+    )
     assert float(sums.loss) == pytest.approx(float(expected), rel=1e-5)
     assert float(sums.tokens) == float((targets != 0).sum())
 
@@ -98,8 +99,10 @@ def test_gradient_matches_torch_cross_entropy():
     logits = rng.normal(size=(2, 5, 7)).astype(np.float32)
     targets = rng.integers(0, 7, size=(2, 5))
     ours = jax.grad(lambda x: cross_entropy_sums(x, jnp.asarray(targets), label_smoothing=0.1).loss)(
-        jnp.asarray(logits))
+        jnp.asarray(logits)
+    )
     reference = torch.from_numpy(logits).requires_grad_()
     torch.nn.CrossEntropyLoss(label_smoothing=0.1, ignore_index=0, reduction="sum")(
-        reference.reshape(-1, 7), torch.from_numpy(targets).reshape(-1)).backward()
+        reference.reshape(-1, 7), torch.from_numpy(targets).reshape(-1)
+    ).backward()
     np.testing.assert_allclose(ours, reference.grad.numpy(), atol=1e-6)

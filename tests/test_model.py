@@ -27,7 +27,9 @@ def test_logits_shape_and_dtype():
 def test_encoder_is_permutation_equivariant_without_positions():
     # Learned positions set to zero = no positional information.
     model, params = init(tiny(position_encoding="learned"))
-    params["encoder"]["positions"]["position_embedding"] = jnp.zeros_like(params["encoder"]["positions"]["position_embedding"])
+    params["encoder"]["positions"]["position_embedding"] = jnp.zeros_like(
+        params["encoder"]["positions"]["position_embedding"]
+    )
     src = SRC[:1]
     permutation = np.array([3, 0, 5, 1, 4, 2])
     encoded = model.apply({"params": params}, src, method=Transformer.encode)
@@ -48,10 +50,10 @@ def test_future_target_tokens_do_not_change_earlier_logits(norm_position):
     model, params = init(tiny(norm_position=norm_position))
     logits = model.apply({"params": params}, SRC, TGT_IN)
     for t in range(TGT_IN.shape[1] - 1):
-        changed = TGT_IN.at[0, t + 1:].set(99)
+        changed = TGT_IN.at[0, t + 1 :].set(99)
         changed_logits = model.apply({"params": params}, SRC, changed)
         np.testing.assert_allclose(changed_logits[0, : t + 1], logits[0, : t + 1], atol=1e-5)
-        assert np.abs(changed_logits[0, t + 1:] - logits[0, t + 1:]).max() > 1e-4
+        assert np.abs(changed_logits[0, t + 1 :] - logits[0, t + 1 :]).max() > 1e-4
 
 
 def test_more_source_padding_changes_nothing():
@@ -99,8 +101,9 @@ def test_dropout_is_active_only_when_not_deterministic():
     c = model.apply({"params": params}, SRC, TGT_IN)
     assert np.abs(a - b).max() > 1e-3
     # Deterministic means dropout off: the same logits as the model built with dropout_rate 0.
-    no_dropout = Transformer(tiny(dropout_rate=0.0)).apply({"params": params}, SRC, TGT_IN, deterministic=False,
-                                                            rngs={"dropout": jax.random.key(1)})
+    no_dropout = Transformer(tiny(dropout_rate=0.0)).apply(
+        {"params": params}, SRC, TGT_IN, deterministic=False, rngs={"dropout": jax.random.key(1)}
+    )
     np.testing.assert_allclose(c, no_dropout, rtol=1e-6, atol=1e-6)
 
 

@@ -28,8 +28,14 @@ pytestmark = pytest.mark.xdist_group("multihost")
 
 WORKER = Path(__file__).parent / "helpers" / "multihost_worker.py"
 TOLERANCE = 1e-5
-ENV_NAMES = ("TJ_COORDINATOR_ADDRESS", "JAX_COORDINATOR_ADDRESS", "TJ_NUM_PROCESSES", "TJ_PROCESS_ID",
-             "XLA_FLAGS", "JAX_PLATFORMS")
+ENV_NAMES = (
+    "TJ_COORDINATOR_ADDRESS",
+    "JAX_COORDINATOR_ADDRESS",
+    "TJ_NUM_PROCESSES",
+    "TJ_PROCESS_ID",
+    "XLA_FLAGS",
+    "JAX_PLATFORMS",
+)
 
 
 def free_port() -> int:
@@ -49,8 +55,9 @@ class Launch:
         self.name, self.log = name, logdir / f"{name}.log"
         self.started = time.monotonic()
         with open(self.log, "w") as handle:
-            self.proc = subprocess.Popen([sys.executable, str(WORKER), *args], stdout=handle,
-                                         stderr=subprocess.STDOUT, env=env or clean_env())
+            self.proc = subprocess.Popen(
+                [sys.executable, str(WORKER), *args], stdout=handle, stderr=subprocess.STDOUT, env=env or clean_env()
+            )
 
     def wait(self, timeout: float = 300) -> tuple[int, str, float]:
         try:
@@ -75,26 +82,66 @@ def wait_ok(launches: list[Launch]) -> None:
 
 def pair(name: str, root: Path, stop_at: int, params: bool) -> list[Launch]:
     port = free_port()
-    return [Launch(f"{name}{i}", ["--process-id", str(i), "--num-processes", "2", "--coordinator",
-                                  f"127.0.0.1:{port}", "--timeout", "120", "--workdir", str(root / "run"),
-                                  "--stop-at", str(stop_at), "--out", str(root / f"{name}{i}.json"),
-                                  "--cache-dir", str(root / "xla_cache")]
-                   + (["--params", str(root / f"{name}{i}.npz")] if params else []), root) for i in range(2)]
+    return [
+        Launch(
+            f"{name}{i}",
+            [
+                "--process-id",
+                str(i),
+                "--num-processes",
+                "2",
+                "--coordinator",
+                f"127.0.0.1:{port}",
+                "--timeout",
+                "120",
+                "--workdir",
+                str(root / "run"),
+                "--stop-at",
+                str(stop_at),
+                "--out",
+                str(root / f"{name}{i}.json"),
+                "--cache-dir",
+                str(root / "xla_cache"),
+            ]
+            + (["--params", str(root / f"{name}{i}.npz")] if params else []),
+            root,
+        )
+        for i in range(2)
+    ]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("multihost")
-    reference = Launch("reference", ["--num-processes", "1", "--devices", "4", "--workdir", str(root / "ref"),
-                                     "--stop-at", "4", "--out", str(root / "reference.json"),
-                                     "--params", str(root / "reference.npz")], root)
+    reference = Launch(
+        "reference",
+        [
+            "--num-processes",
+            "1",
+            "--devices",
+            "4",
+            "--workdir",
+            str(root / "ref"),
+            "--stop-at",
+            "4",
+            "--out",
+            str(root / "reference.json"),
+            "--params",
+            str(root / "reference.npz"),
+        ],
+        root,
+    )
     first = pair("first", root, stop_at=2, params=False)  # runs alongside the reference
     wait_ok([reference, *first])
     second = pair("second", root, stop_at=4, params=True)  # both processes restarted: resume from update 2
     wait_ok(second)
     load = lambda name: json.loads((root / f"{name}.json").read_text())  # noqa: E731
-    return {"root": root, "reference": load("reference"), "first": [load(f"first{i}") for i in range(2)],
-            "second": [load(f"second{i}") for i in range(2)]}
+    return {
+        "root": root,
+        "reference": load("reference"),
+        "first": [load(f"first{i}") for i in range(2)],
+        "second": [load(f"second{i}") for i in range(2)],
+    }
 
 
 @pytest.mark.slow
@@ -141,11 +188,32 @@ def test_parameters_are_split_across_processes(runs):
 
 def loop_pair(name: str, root: Path, stop_at: int) -> list[Launch]:
     port = free_port()
-    return [Launch(f"{name}{i}", ["--loop", "--process-id", str(i), "--num-processes", "2", "--coordinator",
-                                  f"127.0.0.1:{port}", "--timeout", "120", "--workdir", str(root / "run"),
-                                  "--stop-at", str(stop_at), "--out", str(root / f"{name}{i}.json"),
-                                  "--cache-dir", str(root / "xla_cache")], root)
-            for i in range(2)]
+    return [
+        Launch(
+            f"{name}{i}",
+            [
+                "--loop",
+                "--process-id",
+                str(i),
+                "--num-processes",
+                "2",
+                "--coordinator",
+                f"127.0.0.1:{port}",
+                "--timeout",
+                "120",
+                "--workdir",
+                str(root / "run"),
+                "--stop-at",
+                str(stop_at),
+                "--out",
+                str(root / f"{name}{i}.json"),
+                "--cache-dir",
+                str(root / "xla_cache"),
+            ],
+            root,
+        )
+        for i in range(2)
+    ]
 
 
 @pytest.mark.slow
@@ -153,8 +221,11 @@ def test_the_training_loop_on_two_processes_resumes_and_logs_like_one(tmp_path):
     """train.loop.train end to end (distributed start-up from the config, tokenizer trained by process 0, each
     process's rows of train and validation batches, BLEU, process-0-only logs): stopped after update 2 and resumed
     to 4 on two processes, it logs the losses and BLEU of one process with the same four devices."""
-    reference = Launch("loop_reference", ["--loop", "--num-processes", "1", "--devices", "4", "--workdir",
-                                          str(tmp_path / "ref"), "--stop-at", "4"], tmp_path)
+    reference = Launch(
+        "loop_reference",
+        ["--loop", "--num-processes", "1", "--devices", "4", "--workdir", str(tmp_path / "ref"), "--stop-at", "4"],
+        tmp_path,
+    )
     wait_ok([reference, *loop_pair("loop_first", tmp_path, stop_at=2)])
     wait_ok(loop_pair("loop_second", tmp_path, stop_at=4))
     for i in range(2):
@@ -164,15 +235,22 @@ def test_the_training_loop_on_two_processes_resumes_and_logs_like_one(tmp_path):
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in lines]
     assert len({(row["kind"], row["step"]) for row in rows}) == len(rows)  # written once: by process 0 only
-    expected = {(row["kind"], row["step"]): row
-                for row in map(json.loads, (tmp_path / "ref" / "metrics.jsonl").read_text().splitlines())}
+    expected = {
+        (row["kind"], row["step"]): row
+        for row in map(json.loads, (tmp_path / "ref" / "metrics.jsonl").read_text().splitlines())
+    }
     assert sorted(expected) == sorted((row["kind"], row["step"]) for row in rows)
     assert sorted(step for kind, step in expected if kind == "train") == [1, 2, 3, 4]
     for row in rows:
         for key in ("loss", "nll", "accuracy", "bleu", "chrf"):
             if key in row:
-                np.testing.assert_allclose(row[key], expected[row["kind"], row["step"]][key], rtol=1e-5, atol=1e-6,
-                                           err_msg=f"{row['kind']} {row['step']} {key}")
+                np.testing.assert_allclose(
+                    row[key],
+                    expected[row["kind"], row["step"]][key],
+                    rtol=1e-5,
+                    atol=1e-6,
+                    err_msg=f"{row['kind']} {row['step']} {key}",
+                )
 
 
 def test_bad_launches_fail_with_a_clear_message_in_bounded_time(tmp_path):
@@ -181,16 +259,29 @@ def test_bad_launches_fail_with_a_clear_message_in_bounded_time(tmp_path):
     unreachable_port, lonely_port, mismatch_port = free_port(), free_port(), free_port()
     launches = {
         # settings from the environment: nobody serves the coordinator address
-        "unreachable": Launch("unreachable", common, tmp_path, clean_env(
-            TJ_COORDINATOR_ADDRESS=f"127.0.0.1:{unreachable_port}", TJ_NUM_PROCESSES="2", TJ_PROCESS_ID="1")),
+        "unreachable": Launch(
+            "unreachable",
+            common,
+            tmp_path,
+            clean_env(TJ_COORDINATOR_ADDRESS=f"127.0.0.1:{unreachable_port}", TJ_NUM_PROCESSES="2", TJ_PROCESS_ID="1"),
+        ),
         # process 0 waits for a process 1 that never starts
-        "lonely": Launch("lonely", common + ["--process-id", "0", "--num-processes", "2",
-                                             "--coordinator", f"127.0.0.1:{lonely_port}"], tmp_path),
+        "lonely": Launch(
+            "lonely",
+            common + ["--process-id", "0", "--num-processes", "2", "--coordinator", f"127.0.0.1:{lonely_port}"],
+            tmp_path,
+        ),
         # the two processes disagree on the number of processes
-        "mismatch0": Launch("mismatch0", common + ["--process-id", "0", "--num-processes", "2",
-                                                   "--coordinator", f"127.0.0.1:{mismatch_port}"], tmp_path),
-        "mismatch1": Launch("mismatch1", common + ["--process-id", "1", "--num-processes", "3",
-                                                   "--coordinator", f"127.0.0.1:{mismatch_port}"], tmp_path),
+        "mismatch0": Launch(
+            "mismatch0",
+            common + ["--process-id", "0", "--num-processes", "2", "--coordinator", f"127.0.0.1:{mismatch_port}"],
+            tmp_path,
+        ),
+        "mismatch1": Launch(
+            "mismatch1",
+            common + ["--process-id", "1", "--num-processes", "3", "--coordinator", f"127.0.0.1:{mismatch_port}"],
+            tmp_path,
+        ),
     }
     expected = {
         "unreachable": "could not reach the coordinator at '127.0.0.1:",
@@ -211,24 +302,30 @@ def test_bad_launches_fail_with_a_clear_message_in_bounded_time(tmp_path):
 def test_settings_from_config_and_environment(monkeypatch):
     for name in ENV_NAMES:
         monkeypatch.delenv(name, raising=False)
-    cfg = distributed.resolve_config(DistributedConfig(coordinator_address="10.0.0.1:1234", num_processes=4,
-                                                       process_id=0))
+    cfg = distributed.resolve_config(
+        DistributedConfig(coordinator_address="10.0.0.1:1234", num_processes=4, process_id=0)
+    )
     assert (cfg.coordinator_address, cfg.num_processes, cfg.process_id) == ("10.0.0.1:1234", 4, 0)
     monkeypatch.setenv("TJ_COORDINATOR_ADDRESS", "host:99")
     monkeypatch.setenv("TJ_NUM_PROCESSES", "2")
     monkeypatch.setenv("TJ_PROCESS_ID", "1")
     cfg = distributed.resolve_config(None)
     assert (cfg.coordinator_address, cfg.num_processes, cfg.process_id) == ("host:99", 2, 1)
-    assert distributed.resolve_config(DistributedConfig(process_id=0)).process_id == 0  # config wins over the environment
+    assert (
+        distributed.resolve_config(DistributedConfig(process_id=0)).process_id == 0
+    )  # config wins over the environment
 
 
-@pytest.mark.parametrize("settings, message", [
-    ({"coordinator_address": "no-port"}, "is not 'host:port'"),
-    ({"num_processes": 2, "process_id": 2}, "must lie in \\[0, num_processes=2\\)"),
-    ({"num_processes": 0}, "at least 1"),
-    ({"initialization_timeout": 0}, "must be positive"),
-    ({"cpu_collectives": "nccl"}, "gloo"),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"coordinator_address": "no-port"}, "is not 'host:port'"),
+        ({"num_processes": 2, "process_id": 2}, "must lie in \\[0, num_processes=2\\)"),
+        ({"num_processes": 0}, "at least 1"),
+        ({"initialization_timeout": 0}, "must be positive"),
+        ({"cpu_collectives": "nccl"}, "gloo"),
+    ],
+)
 def test_bad_settings_are_rejected_before_starting(monkeypatch, settings, message):
     for name in ENV_NAMES:
         monkeypatch.delenv(name, raising=False)

@@ -24,8 +24,15 @@ def test_notebook_runs(notebook, tmp_path, monkeypatch):
     monkeypatch.setenv("TJ_NOTEBOOK_STEPS", "40")
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     document = nbformat.read(copy, as_version=4)
-    NotebookClient(document, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
-    errors = [output for cell in document.cells if cell.cell_type == "code" for output in cell.get("outputs", [])
-              if output.get("output_type") == "error"]
+    NotebookClient(
+        document, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+    errors = [
+        output
+        for cell in document.cells
+        if cell.cell_type == "code"
+        for output in cell.get("outputs", [])
+        if output.get("output_type") == "error"
+    ]
     assert not errors
     assert os.listdir(tmp_path)  # it ran where we put it

@@ -9,7 +9,7 @@ from transformer_jax.train.optimizer import make_optimizer, transformer_schedule
 
 
 def paper_lr(step, d_model=512, warmup=4000, scale=1.0):
-    return scale * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+    return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
 def optimizer_cfg(**changes):
@@ -26,7 +26,7 @@ def test_schedule_equals_formula_for_base(step):
 def test_peak_at_warmup_and_decay():
     schedule = transformer_schedule(512, 4000)
     assert float(schedule(3999)) == pytest.approx(6.988e-4, rel=1e-3)  # 512^-0.5 * 4000^-0.5
-    assert float(schedule(1)) == pytest.approx(2 * 512 ** -0.5 * 4000 ** -1.5, rel=1e-6)
+    assert float(schedule(1)) == pytest.approx(2 * 512**-0.5 * 4000**-1.5, rel=1e-6)
     assert float(schedule(15999)) == pytest.approx(float(schedule(3999)) / 2, rel=1e-6)  # 1/sqrt(step) decay
     assert float(schedule(3998)) < float(schedule(3999)) > float(schedule(4000))
 

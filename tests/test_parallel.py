@@ -37,16 +37,27 @@ TOLERANCE = 1e-5
 @pytest.fixture(scope="module")
 def layouts():
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    command = [sys.executable, str(HELPER), "--steps", "2", "--fast", "--layouts", ",".join(("single",) + STEP_LAYOUTS),
-               "--bytes-only", "fsdp8"]
+    command = [
+        sys.executable,
+        str(HELPER),
+        "--steps",
+        "2",
+        "--fast",
+        "--layouts",
+        ",".join(("single",) + STEP_LAYOUTS),
+        "--bytes-only",
+        "fsdp8",
+    ]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, f"{' '.join(command)} failed:\n{proc.stderr[-4000:]}"
     data = json.loads(proc.stdout.strip().splitlines()[-1])
     assert data["device_count"] == 8
     for name, result in data["layouts"].items():  # informational (pytest -s / -rA shows it)
-        print(f"{name:>14} mesh={result['mesh']} first call {result.get('first_call_s') or 0:.1f}s "
-              f"step {result.get('step_s') or 0:.3f}s params/device {result['param_bytes_per_device'][-1]} B "
-              f"of {result['param_bytes_total']} B")
+        print(
+            f"{name:>14} mesh={result['mesh']} first call {result.get('first_call_s') or 0:.1f}s "
+            f"step {result.get('step_s') or 0:.3f}s params/device {result['param_bytes_per_device'][-1]} B "
+            f"of {result['param_bytes_total']} B"
+        )
     return data["layouts"]
 
 
@@ -99,10 +110,15 @@ def test_bytes_per_device_of_each_layout(layouts):
 
 def test_parameter_specs_follow_the_rules(layouts):
     assert layouts["fsdp4_data2"]["param_specs_example"] == {
-        "embedding": "P(None, 'fsdp')", "ffn_wi_kernel": "P('fsdp', None)", "query_kernel": "P('fsdp', None, None)"}
+        "embedding": "P(None, 'fsdp')",
+        "ffn_wi_kernel": "P('fsdp', None)",
+        "query_kernel": "P('fsdp', None, None)",
+    }
     assert layouts["tensor2_data4"]["param_specs_example"] == {
-        "embedding": "P('tensor', None)", "ffn_wi_kernel": "P(None, 'tensor')",
-        "query_kernel": "P(None, 'tensor', None)"}
+        "embedding": "P('tensor', None)",
+        "ffn_wi_kernel": "P(None, 'tensor')",
+        "query_kernel": "P(None, 'tensor', None)",
+    }
 
 
 def test_decode_cache_is_split_along_batch(layouts):

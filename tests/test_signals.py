@@ -30,8 +30,10 @@ class _Collector:
     def __init__(self, process: subprocess.Popen):
         self.lines: list[str] = []
         self.training = threading.Event()
-        self.threads = [threading.Thread(target=self._read, args=(stream,), daemon=True)
-                        for stream in (process.stdout, process.stderr)]
+        self.threads = [
+            threading.Thread(target=self._read, args=(stream,), daemon=True)
+            for stream in (process.stdout, process.stderr)
+        ]
         for thread in self.threads:
             thread.start()
 
@@ -62,17 +64,35 @@ def saved_steps(workdir: Path) -> list[int]:
 def test_sigterm_at_random_moments_leaves_a_loadable_checkpoint(tmp_path):
     rng = random.Random(0)
     workdir = tmp_path / "run"
-    overrides = tiny_run_overrides(10_000, **{"train.checkpoint_every": 2, "train.eval_every": 1000,
-                                              "train.async_checkpoints": True, "train.bleu_every": 0,
-                                              "train.final_bleu": "none"})
-    command = [sys.executable, "-m", "transformer_jax", "--compilation-cache", str(tmp_path / "xla"), "train",
-               "--config", "experiments/tiny.py", "--workdir", str(workdir),
-               *[f"--config.{key}={value}" for key, value in overrides]]
+    overrides = tiny_run_overrides(
+        10_000,
+        **{
+            "train.checkpoint_every": 2,
+            "train.eval_every": 1000,
+            "train.async_checkpoints": True,
+            "train.bleu_every": 0,
+            "train.final_bleu": "none",
+        },
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "transformer_jax",
+        "--compilation-cache",
+        str(tmp_path / "xla"),
+        "train",
+        "--config",
+        "experiments/tiny.py",
+        "--workdir",
+        str(workdir),
+        *[f"--config.{key}={value}" for key, value in overrides],
+    ]
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     outcomes = []
     for trial in range(TRIALS):
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True)
+        process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         output = _Collector(process)
         if trial % 2:  # anywhere in start-up or training
             time.sleep(rng.uniform(0.2, 8.0))

@@ -60,8 +60,9 @@ def test_reuse_from_disk_gives_identical_ids(trained, corpus):
         assert reloaded.encode(english) == tokenizer.encode(english)
         assert reloaded.encode_pairs([(english, german)]) == [(tokenizer.encode(english), tokenizer.encode(german))]
     assert reloaded.encode_pairs([]) == []
-    with pytest.raises(ValueError, match=f"has {VOCAB_SIZE} pieces, but vocab_size=500.*"
-                                         f"--config.data.vocab_size={VOCAB_SIZE}"):
+    with pytest.raises(
+        ValueError, match=f"has {VOCAB_SIZE} pieces, but vocab_size=500.*--config.data.vocab_size={VOCAB_SIZE}"
+    ):
         load_or_train_tokenizer(directory, [], 500)
     with pytest.raises(ValueError, match="special ids"):
         load_or_train_tokenizer(directory, [], VOCAB_SIZE, pad_id=3, unk_id=0)

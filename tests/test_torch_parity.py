@@ -27,29 +27,42 @@ ATOL = 1e-5  # float32 parity bound of issue #5
 ADAM_B1, ADAM_B2, ADAM_EPS, WARMUP_STEPS, LABEL_SMOOTHING = 0.9, 0.98, 1e-9, 4000, 0.1
 
 # [batch=3, src_len=9] and [batch=3, tgt_len=7]; pad_id=0, bos_id=1, eos_id=2; right-padded, no empty rows.
-SRC = np.array([[5, 9, 12, 7, 30, 44, 17, 8, 2],
-                [8, 4, 61, 23, 2, 0, 0, 0, 0],
-                [33, 2, 0, 0, 0, 0, 0, 0, 0]])
-TGT_IN = np.array([[1, 40, 41, 42, 43, 20, 21],
-                   [1, 17, 18, 19, 0, 0, 0],
-                   [1, 50, 0, 0, 0, 0, 0]])
-TGT_OUT = np.array([[40, 41, 42, 43, 20, 21, 2],
-                    [17, 18, 19, 2, 0, 0, 0],
-                    [50, 2, 0, 0, 0, 0, 0]])
+SRC = np.array([[5, 9, 12, 7, 30, 44, 17, 8, 2], [8, 4, 61, 23, 2, 0, 0, 0, 0], [33, 2, 0, 0, 0, 0, 0, 0, 0]])
+TGT_IN = np.array([[1, 40, 41, 42, 43, 20, 21], [1, 17, 18, 19, 0, 0, 0], [1, 50, 0, 0, 0, 0, 0]])
+TGT_OUT = np.array([[40, 41, 42, 43, 20, 21, 2], [17, 18, 19, 2, 0, 0, 0], [50, 2, 0, 0, 0, 0, 0]])
 
 VARIANTS = {
     "post_nobias_sinusoid": dict(),  # the paper's model
     # One layer per stack in the variants (compile time); the paper's variant keeps two.
-    "pre_bias_halves_eps1e-5": dict(norm_position="pre", attention_bias=True, sinusoid_layout="halves",
-                                    layer_norm_epsilon=1e-5, num_encoder_layers=1, num_decoder_layers=1),
-    "post_bias_learned_unshared": dict(attention_bias=True, position_encoding="learned", share_embeddings=False,
-                                       num_encoder_layers=1, num_decoder_layers=1),
+    "pre_bias_halves_eps1e-5": dict(
+        norm_position="pre",
+        attention_bias=True,
+        sinusoid_layout="halves",
+        layer_norm_epsilon=1e-5,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+    ),
+    "post_bias_learned_unshared": dict(
+        attention_bias=True,
+        position_encoding="learned",
+        share_embeddings=False,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+    ),
 }
 
 
 def small_config(**overrides):
-    values = dict(vocab_size=64, d_model=32, num_heads=4, d_ff=64, num_encoder_layers=2, num_decoder_layers=2,
-                  max_len=32, dropout_rate=0.0)
+    values = dict(
+        vocab_size=64,
+        d_model=32,
+        num_heads=4,
+        d_ff=64,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        max_len=32,
+        dropout_rate=0.0,
+    )
     return tiny(**{**values, **overrides})
 
 
@@ -72,10 +85,10 @@ def random_params(cfg, seed=0):
             elif path.endswith("/bias"):
                 value = 0.1 * rng.standard_normal(shape)
             elif path.endswith(("embedding", "output_projection/kernel")):
-                value = rng.standard_normal(shape) * cfg.d_model ** -0.5
+                value = rng.standard_normal(shape) * cfg.d_model**-0.5
             else:
                 fan_in = shape[0] * (shape[1] if path.endswith("out/kernel") else 1)
-                value = rng.standard_normal(shape) * fan_in ** -0.5
+                value = rng.standard_normal(shape) * fan_in**-0.5
             flat[tuple(path.split("/"))] = jnp.asarray(value, jnp.float32)
     return traverse_util.unflatten_dict(flat)
 
@@ -97,6 +110,7 @@ def jax_results(name: str):
     key = ("jax", name)
     if key not in _CACHE:
         from transformer_jax.train import loss as loss_module
+
         _, model, params, _ = build(name)
 
         def loss_and_outputs(p):
@@ -105,8 +119,9 @@ def jax_results(name: str):
                 return encoded, module.decode(encoded, inputs, decoder_inputs)  # logits [batch, tgt_len, vocab]
 
             encoded, logits = model.apply({"params": p}, SRC, TGT_IN, method=encode_and_decode)
-            sums = loss_module.cross_entropy_sums(logits, TGT_OUT, label_smoothing=LABEL_SMOOTHING,
-                                                  pad_id=model.config.pad_id)
+            sums = loss_module.cross_entropy_sums(
+                logits, TGT_OUT, label_smoothing=LABEL_SMOOTHING, pad_id=model.config.pad_id
+            )
             return sums.loss / sums.tokens, (encoded, logits)
 
         (loss, (encoded, logits)), grads = jax.jit(jax.value_and_grad(loss_and_outputs, has_aux=True))(params)
@@ -161,9 +176,13 @@ def test_in_proj_packs_query_key_value_in_order():
     d = cfg.d_model
     packed = state_dict["encoder.layers.0.self_attn.in_proj_weight"].numpy()  # [3 d, d]
     for index, name in enumerate(("query", "key", "value")):
-        np.testing.assert_array_equal(packed[index * d:(index + 1) * d], np.asarray(attention[name]["kernel"]).reshape(d, d).T)
-        np.testing.assert_array_equal(state_dict["encoder.layers.0.self_attn.in_proj_bias"].numpy()[index * d:(index + 1) * d],
-                                      np.asarray(attention[name]["bias"]).reshape(d))
+        np.testing.assert_array_equal(
+            packed[index * d : (index + 1) * d], np.asarray(attention[name]["kernel"]).reshape(d, d).T
+        )
+        np.testing.assert_array_equal(
+            state_dict["encoder.layers.0.self_attn.in_proj_bias"].numpy()[index * d : (index + 1) * d],
+            np.asarray(attention[name]["bias"]).reshape(d),
+        )
 
 
 def test_mismatches_name_the_parameter():
@@ -174,7 +193,9 @@ def test_mismatches_name_the_parameter():
     with pytest.raises(interop.ConversionError, match=r"missing torch parameters: decoder\.layers\.1\.norm3\.bias"):
         interop.torch_to_flax_params(missing, cfg)
     extra = dict(state_dict, **{"encoder.layers.0.self_attn.in_proj_bias": torch.zeros(3 * cfg.d_model)})
-    with pytest.raises(interop.ConversionError, match=r"unexpected torch parameters: encoder\.layers\.0\.self_attn\.in_proj_bias"):
+    with pytest.raises(
+        interop.ConversionError, match=r"unexpected torch parameters: encoder\.layers\.0\.self_attn\.in_proj_bias"
+    ):
         interop.torch_to_flax_params(extra, cfg)
     wrong = dict(state_dict, **{"encoder.layers.0.linear1.weight": torch.zeros(7, cfg.d_model)})
     with pytest.raises(interop.ConversionError, match=r"'encoder\.layers\.0\.linear1\.weight' has shape \(7, 32\)"):
@@ -199,7 +220,9 @@ def test_export_and_import_through_a_file(tmp_path):
         assert np.array_equal(np.asarray(a), np.asarray(b))
     torch.save({"state_dict": loaded, "step": 3}, tmp_path / "checkpoint.pt")  # a training checkpoint
     back = interop.import_torch_state_dict(tmp_path / "checkpoint.pt", cfg)
-    assert np.array_equal(np.asarray(back["target_embed"]["embedding"]), np.asarray(params["target_embed"]["embedding"]))
+    assert np.array_equal(
+        np.asarray(back["target_embed"]["embedding"]), np.asarray(params["target_embed"]["embedding"])
+    )
     with pytest.raises(interop.ConversionError, match="missing torch parameters"):
         interop.import_torch_state_dict(path, cfg.replace(share_embeddings=True))
 
@@ -209,9 +232,11 @@ def test_interop_package_imports_without_touching_torch():
     import subprocess
     import sys
 
-    code = ("import sys; sys.modules['torch'] = None\n"  # makes `import torch` fail
-            "import transformer_jax.interop as i\n"
-            "try:\n    i.export_torch_state_dict\nexcept ImportError as e:\n    print(e)\n")
+    code = (
+        "import sys; sys.modules['torch'] = None\n"  # makes `import torch` fail
+        "import transformer_jax.interop as i\n"
+        "try:\n    i.export_torch_state_dict\nexcept ImportError as e:\n    print(e)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "pip install 'transformer-jax[torch]'" in out
     assert importlib.import_module("transformer_jax.interop").__all__
@@ -261,7 +286,8 @@ def test_label_smoothed_loss_agrees_with_cross_entropy_loss(label_smoothing):
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=label_smoothing, ignore_index=0)
     expected = criterion(torch.as_tensor(logits).reshape(-1, logits.shape[-1]), torch.as_tensor(TGT_OUT).reshape(-1))
     summed = torch.nn.CrossEntropyLoss(label_smoothing=label_smoothing, ignore_index=0, reduction="sum")(
-        torch.as_tensor(logits).reshape(-1, logits.shape[-1]), torch.as_tensor(TGT_OUT).reshape(-1))
+        torch.as_tensor(logits).reshape(-1, logits.shape[-1]), torch.as_tensor(TGT_OUT).reshape(-1)
+    )
     got = summarize(sums)["loss"]
     report(f"loss eps={label_smoothing}", abs(got - expected.item()))
     assert abs(got - expected.item()) < ATOL
@@ -295,7 +321,7 @@ def test_gradients_agree_for_every_parameter(name):
 
 def paper_lr(step: int, d_model: int) -> float:
     """§5.3: d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), step counted from 1."""
-    return d_model ** -0.5 * min(step ** -0.5, step * WARMUP_STEPS ** -1.5)
+    return d_model**-0.5 * min(step**-0.5, step * WARMUP_STEPS**-1.5)
 
 
 def test_one_adam_step_with_the_paper_schedule_gives_the_same_parameters():
@@ -305,8 +331,9 @@ def test_one_adam_step_with_the_paper_schedule_gives_the_same_parameters():
 
     name = "post_nobias_sinusoid"
     cfg, _, params, _ = build(name)
-    train_cfg = types.SimpleNamespace(warmup_steps=WARMUP_STEPS, lr_scale=1.0, adam_b1=ADAM_B1, adam_b2=ADAM_B2,
-                                      adam_eps=ADAM_EPS, clip_grad_norm=0.0)
+    train_cfg = types.SimpleNamespace(
+        warmup_steps=WARMUP_STEPS, lr_scale=1.0, adam_b1=ADAM_B1, adam_b2=ADAM_B2, adam_eps=ADAM_EPS, clip_grad_norm=0.0
+    )
     tx, schedule = optimizer.make_optimizer(train_cfg, cfg.d_model)
     grads = jax_results(name)["grads"]
 
@@ -331,8 +358,10 @@ def test_one_adam_step_with_the_paper_schedule_gives_the_same_parameters():
     assert float(schedule(0)) == pytest.approx(lr, rel=1e-6)
     assert float(schedule(1)) == pytest.approx(scheduler.get_last_lr()[0], rel=1e-6)  # step 2 agrees too
     worst_param = max((new_params[key] - p.detach()).abs().max().item() for key, p in reference.named_parameters())
-    worst_delta = max(((new_params[key] - before[key]) - (p.detach() - before[key])).abs().max().item()
-                      for key, p in reference.named_parameters())
+    worst_delta = max(
+        ((new_params[key] - before[key]) - (p.detach() - before[key])).abs().max().item()
+        for key, p in reference.named_parameters()
+    )
     report("post-step params", worst_param)
     report(f"post-step update (lr={lr:.3e})", worst_delta)
     assert worst_param < ATOL
@@ -356,12 +385,13 @@ def test_one_adam_step_with_the_paper_schedule_gives_the_same_parameters():
 
 def until_eos(row, eos_id):
     row = list(row)
-    return row[:row.index(eos_id) + 1] if eos_id in row else row
+    return row[: row.index(eos_id) + 1] if eos_id in row else row
 
 
 def test_greedy_decoding_gives_the_same_tokens():
     name = "post_bias_learned_unshared"
     from transformer_jax import decoding
+
     cfg, model, params, _ = build(name)
     # A random model repeats one token; large learned position tables make each step's argmax differ, so
     # that a cache or position slip would show.

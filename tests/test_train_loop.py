@@ -35,8 +35,11 @@ def train_losses(workdir):
 
 
 def snapshot(directory: Path) -> dict:
-    return {str(path.relative_to(directory)): (path.stat().st_mtime_ns, path.read_bytes())
-            for path in sorted(directory.rglob("*")) if path.is_file()}
+    return {
+        str(path.relative_to(directory)): (path.stat().st_mtime_ns, path.read_bytes())
+        for path in sorted(directory.rglob("*"))
+        if path.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +102,9 @@ def test_checkpoint_of_another_shape_is_refused_and_nothing_is_overwritten(unint
         (workdir / "config.json").write_bytes(config_json)
 
 
-@pytest.mark.parametrize("change, field", [({"data.tokens_per_batch": 512}, "data.tokens_per_batch"),
-                                           ({"train.seed": 5}, "train.seed")])
+@pytest.mark.parametrize(
+    "change, field", [({"data.tokens_per_batch": 512}, "data.tokens_per_batch"), ({"train.seed": 5}, "train.seed")]
+)
 def test_resume_refuses_a_different_data_stream(uninterrupted, change, field):
     workdir = uninterrupted[0]
     before = snapshot(workdir)
@@ -155,8 +159,9 @@ def test_load_model_for_inference(uninterrupted):
     assert tokenizer.decode(tokenizer.encode("two small dogs") + [tokenizer.eos_id, 5]) == "two small dogs"
     ids = np.ones((1, 4), np.int32)
     expected = nn.unbox(jax.eval_shape(Transformer(model_cfg).init, jax.random.PRNGKey(0), ids, ids))["params"]
-    flat = lambda tree: {jax.tree_util.keystr(path): leaf.shape for path, leaf in
-                         jax.tree_util.tree_flatten_with_path(tree)[0]}
+    flat = lambda tree: {
+        jax.tree_util.keystr(path): leaf.shape for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+    }
     assert flat(params) == flat(expected)
 
 
@@ -169,18 +174,21 @@ def test_cli_end_to_end(tmp_path, capsys):
     assert (tmp_path / "curves.png").is_file()
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["--config.train.stepz=3"], "unknown field 'stepz'"),
-    (["--config.train.steps=many"], "expected an int"),
-    (["--config.model.vocab_size=9"], "come from the SentencePiece model"),
-    (["--config.model.num_heads=3"], "not divisible by num_heads=3"),
-    (["--config.data.source=multi30k"], "--config.data.path"),
-    (["--config.data.source=multi30k", "--config.data.path=/nonexistent"], "not a directory"),
-    (["--config.train.final_bleu=sampled"], "train.final_bleu='sampled' is unknown"),
-    (["--config.mesh.mode=spmd"], "mesh.mode='spmd' is unknown"),
-    (["--config.mesh.rules=zero3"], "mesh.rules='zero3' is unknown"),
-    (["--config.decode.beam_size=0"], "beam_size must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--config.train.stepz=3"], "unknown field 'stepz'"),
+        (["--config.train.steps=many"], "expected an int"),
+        (["--config.model.vocab_size=9"], "come from the SentencePiece model"),
+        (["--config.model.num_heads=3"], "not divisible by num_heads=3"),
+        (["--config.data.source=multi30k"], "--config.data.path"),
+        (["--config.data.source=multi30k", "--config.data.path=/nonexistent"], "not a directory"),
+        (["--config.train.final_bleu=sampled"], "train.final_bleu='sampled' is unknown"),
+        (["--config.mesh.mode=spmd"], "mesh.mode='spmd' is unknown"),
+        (["--config.mesh.rules=zero3"], "mesh.rules='zero3' is unknown"),
+        (["--config.decode.beam_size=0"], "beam_size must be a positive integer"),
+    ],
+)
 def test_bad_config_fails_before_any_work(tmp_path, capsys, argv, expected):
     workdir = tmp_path / "run"
     code = cli.main(["train", "--config", "experiments/tiny.py", "--workdir", str(workdir), *argv])
@@ -220,7 +228,8 @@ def test_validation_bleu_is_logged_and_equals_a_recomputation_with_the_saved_par
         row = rows[kind]
         assert 0.0 <= row["bleu"] <= 100.0 and 0.0 < row["chrf"] <= 100.0, row
         assert (row["bleu"], row["chrf"], row["bleu_lowercase"]) == pytest.approx(
-            (scores.bleu, scores.chrf, scores.bleu_lowercase), abs=1e-9), kind
+            (scores.bleu, scores.chrf, scores.bleu_lowercase), abs=1e-9
+        ), kind
     assert summary["final_bleu"]["chrf"] == rows["final_bleu"]["chrf"]
 
 
@@ -232,8 +241,9 @@ def test_empty_split_files_fail_before_any_work(tmp_path, capsys, empty_split):
         for lang in ("en", "de"):
             (data / f"{split}.{lang}").write_text("" if split == empty_split else "a cat\nein Hund\n")
     workdir = tmp_path / "run"
-    code = cli.main(["train", "--config", "experiments/multi30k.py", "--workdir", str(workdir),
-                     f"--config.data.path={data}"])
+    code = cli.main(
+        ["train", "--config", "experiments/multi30k.py", "--workdir", str(workdir), f"--config.data.path={data}"]
+    )
     err = capsys.readouterr().err
     split_name = "train" if empty_split == "train" else "validation"
     assert code == 2 and f"the {split_name} split" in err and "no sentence pairs" in err
@@ -241,8 +251,16 @@ def test_empty_split_files_fail_before_any_work(tmp_path, capsys, empty_split):
 
 
 def test_a_misspelt_source_option_is_a_config_error(tmp_path, capsys):
-    code = cli.main(["train", "--config", "experiments/tiny.py", "--workdir", str(tmp_path / "run"),
-                     "--config.data.options.split_sizez={'train': 10}"])
+    code = cli.main(
+        [
+            "train",
+            "--config",
+            "experiments/tiny.py",
+            "--workdir",
+            str(tmp_path / "run"),
+            "--config.data.options.split_sizez={'train': 10}",
+        ]
+    )
     assert code == 2 and "data.options" in capsys.readouterr().err
 
 
@@ -274,14 +292,18 @@ def test_damaged_latest_checkpoint_falls_back_to_the_newest_intact_one(uninterru
 def test_skipped_pairs_are_summarised_in_one_line(tmp_path, capsys):
     data = tmp_path / "data"
     data.mkdir()
-    pairs = [pair for i in range(20) for pair in ((f"cat number {i}", f"Katze Nummer {i}"), ("", "leer"),
-                                                  (f"dog {i}", f"Hund {i}"))]
+    pairs = [
+        pair
+        for i in range(20)
+        for pair in ((f"cat number {i}", f"Katze Nummer {i}"), ("", "leer"), (f"dog {i}", f"Hund {i}"))
+    ]
     for split in ("train", "val"):
         (data / f"{split}.en").write_text("".join(f"{en}\n" for en, _ in pairs))
         (data / f"{split}.de").write_text("".join(f"{de}\n" for _, de in pairs))
     overrides = [(key, value) for key, value in tiny_run_overrides(1, **NO_BLEU) if "split_sizes" not in key]
-    config = cli.load_experiment("experiments/multi30k.py", [*overrides, ("data.path", str(data)),
-                                                             ("data.vocab_size", "40")])
+    config = cli.load_experiment(
+        "experiments/multi30k.py", [*overrides, ("data.path", str(data)), ("data.vocab_size", "40")]
+    )
     loop.train(config, tmp_path / "run")
     out = capsys.readouterr().out
     assert "skipped pairs: train 20 empty, 0 too long (kept 40); validation 20 empty" in out

@@ -25,14 +25,26 @@ VOCAB = 24
 
 
 def small_model(**changes):
-    values = dict(vocab_size=VOCAB, d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1, num_decoder_layers=1,
-                  max_len=16, dropout_rate=0.0)
+    values = dict(
+        vocab_size=VOCAB,
+        d_model=32,
+        num_heads=2,
+        d_ff=64,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        max_len=16,
+        dropout_rate=0.0,
+    )
     return tiny(**{**values, **changes})
 
 
 def optimizer(warmup=50, scale=1.0):
-    return make_optimizer(OptimizerConfig(warmup_steps=warmup, lr_scale=scale, adam_b1=0.9, adam_b2=0.98,
-                                          adam_eps=1e-9, clip_grad_norm=0.0), 32)
+    return make_optimizer(
+        OptimizerConfig(
+            warmup_steps=warmup, lr_scale=scale, adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9, clip_grad_norm=0.0
+        ),
+        32,
+    )
 
 
 @functools.cache
@@ -42,10 +54,18 @@ def compiled(model_cfg, accum_steps=1, label_smoothing=0.0, warmup=30, scale=2.0
     mesh = parallel.make_mesh()
     fast = FAST_COMPILE_OPTIONS  # the numbers do not depend on it; compiling is 2-3x faster
     init, shardings, _ = state_initializer(model_cfg, tx, mesh, accum_steps=accum_steps, compiler_options=fast)
-    step = jit_train_step(make_train_step(Transformer(model_cfg), tx, schedule, label_smoothing=label_smoothing,
-                                          accum_steps=accum_steps), shardings, mesh, compiler_options=fast)
-    evaluate = jit_eval_step(make_eval_step(Transformer(model_cfg), label_smoothing=label_smoothing),
-                             shardings.params, mesh, compiler_options=fast)
+    step = jit_train_step(
+        make_train_step(Transformer(model_cfg), tx, schedule, label_smoothing=label_smoothing, accum_steps=accum_steps),
+        shardings,
+        mesh,
+        compiler_options=fast,
+    )
+    evaluate = jit_eval_step(
+        make_eval_step(Transformer(model_cfg), label_smoothing=label_smoothing),
+        shardings.params,
+        mesh,
+        compiler_options=fast,
+    )
     return init, step, evaluate, mesh, shardings
 
 
@@ -59,8 +79,9 @@ def setup(model_cfg, accum_steps=1, **settings):
     _, step, evaluate, mesh, shardings = compiled(model_cfg, accum_steps, **settings)
     state = init(jax.random.PRNGKey(0))
     if accum_steps > 1:
-        state = state.replace(grad_accum=jax.tree.map(jnp.zeros_like, state.params),
-                              accum_tokens=jnp.zeros((), jnp.float32))
+        state = state.replace(
+            grad_accum=jax.tree.map(jnp.zeros_like, state.params), accum_tokens=jnp.zeros((), jnp.float32)
+        )
     return state, step, evaluate, mesh, shardings
 
 
@@ -68,9 +89,9 @@ def make_batch(sources, targets, length=8):
     """Rows of ids (without eos) -> padded batch; targets end with eos=2, decoder inputs start with bos=1."""
     batch = {name: np.zeros((len(sources), length), np.int32) for name in ("inputs", "targets", "decoder_inputs")}
     for row, (source, target) in enumerate(zip(sources, targets)):
-        batch["inputs"][row, :len(source) + 1] = list(source) + [2]
-        batch["targets"][row, :len(target) + 1] = list(target) + [2]
-        batch["decoder_inputs"][row, :len(target) + 1] = [1] + list(target)
+        batch["inputs"][row, : len(source) + 1] = list(source) + [2]
+        batch["targets"][row, : len(target) + 1] = list(target) + [2]
+        batch["decoder_inputs"][row, : len(target) + 1] = [1] + list(target)
     return batch
 
 
@@ -110,20 +131,22 @@ def test_gradient_accumulation_equals_concatenated_batch():
         accum, metrics_last = step_accum(accum, micro[1])
         assert float(metrics_last["updated"]) == 1.0
         assert float(metrics_first["tokens"] + metrics_last["tokens"]) == float(metrics_single["tokens"])
-        np.testing.assert_allclose(float(metrics_first["nll"] + metrics_last["nll"]),
-                                   float(metrics_single["nll"]), rtol=1e-6)
+        np.testing.assert_allclose(
+            float(metrics_first["nll"] + metrics_last["nll"]), float(metrics_single["nll"]), rtol=1e-6
+        )
         np.testing.assert_allclose(float(metrics_last["grad_norm"]), float(metrics_single["grad_norm"]), rtol=1e-5)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=0), single.params, accum.params)
     assert int(accum.step) == 6 and int(single.step) == 3
-    assert float(metrics_single["learning_rate"]) == pytest.approx(2 * 32 ** -0.5 * 3 * 30 ** -1.5, rel=1e-6)
+    assert float(metrics_single["learning_rate"]) == pytest.approx(2 * 32**-0.5 * 3 * 30**-1.5, rel=1e-6)
 
 
 def test_eval_step_sums_match_the_loss_function():
     model_cfg = small_model()
     state, _, evaluate, _, _ = setup(model_cfg)
     batch = make_batch(*random_pairs(3, seed=2))
-    logits = np.asarray(Transformer(model_cfg).apply({"params": state.params}, batch["inputs"],
-                                                     batch["decoder_inputs"]), np.float64)
+    logits = np.asarray(
+        Transformer(model_cfg).apply({"params": state.params}, batch["inputs"], batch["decoder_inputs"]), np.float64
+    )
     # Oracle: -log softmax(gold) in float64 numpy, summed over the non-pad targets.
     log_z = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
     gold = np.take_along_axis(logits, batch["targets"][..., None], axis=-1)[..., 0]
@@ -170,7 +193,8 @@ def test_dropout_key_is_a_function_of_seed_and_step():
     n = 1 << 20
     for prng in DROPOUT_PRNGS:
         draw = lambda step, size=64: np.asarray(  # noqa: E731
-            jax.random.bernoulli(dropout_key(base, step, prng), 0.9, (size,)))
+            jax.random.bernoulli(dropout_key(base, step, prng), 0.9, (size,))
+        )
         np.testing.assert_array_equal(draw(5), draw(5))  # a resumed run draws the same masks
         assert (draw(5) != draw(6)).any()
         keep = draw(5, n).astype(np.float64)  # Bernoulli(0.9): mean within 5 sigma, neighbours uncorrelated

@@ -19,7 +19,8 @@ def test_attention_maps_and_pngs(tmp_path):
     params = nn.unbox(model.init(jax.random.key(0), src, tgt)["params"])
     maps = attention_maps(model, params, src, tgt)
     assert set(maps) == {f"encoder/layer_{i}/self_attention" for i in range(2)} | {
-        f"decoder/layer_{i}/{kind}" for i in range(2) for kind in ("self_attention", "cross_attention")}
+        f"decoder/layer_{i}/{kind}" for i in range(2) for kind in ("self_attention", "cross_attention")
+    }
     cross = maps["decoder/layer_0/cross_attention"]
     assert cross.shape == (1, cfg.num_heads, 3, 5)
     np.testing.assert_allclose(cross.sum(-1), 1.0, rtol=1e-5)

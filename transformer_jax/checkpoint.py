@@ -71,7 +71,9 @@ class Checkpointer:
     def __init__(self, workdir: str | Path, *, keep: int | None = 5, async_save: bool = True):
         self.directory = Path(workdir).absolute() / CHECKPOINT_DIR
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
+            max_to_keep=keep,
+            create=True,
+            enable_async_checkpointing=async_save,
         )
         handlers = {"state": ocp.StandardCheckpointHandler(), "data": ocp.JsonCheckpointHandler()}
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
@@ -95,8 +97,9 @@ class Checkpointer:
         if lines:
             raise CheckpointMismatchError(
                 f"The checkpoint at {self.directory / str(step)} does not fit the configured model; "
-                f"{len(lines)} parameter(s) differ:\n" + "\n".join(lines) +
-                "\nUse the config it was trained with (see config.json in the workdir) or a fresh --workdir. "
+                f"{len(lines)} parameter(s) differ:\n"
+                + "\n".join(lines)
+                + "\nUse the config it was trained with (see config.json in the workdir) or a fresh --workdir. "
                 "Nothing was overwritten."
             )
 
@@ -114,9 +117,13 @@ class Checkpointer:
         """(state, data_state) at `step`, placed like `abstract_state` (ShapeDtypeStructs with shardings)."""
         self.check_compatible(step, abstract_state)
         target = flax.serialization.to_state_dict(abstract_state)
-        restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore(),
-        ))
+        restored = self.manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(target),
+                data=ocp.args.JsonRestore(),
+            ),
+        )
         state = flax.serialization.from_state_dict(abstract_state, restored["state"])
         return state, dict(restored["data"] or {})
 
@@ -133,16 +140,21 @@ class Checkpointer:
             except CheckpointMismatchError:
                 raise
             except Exception as error:  # noqa: BLE001 - orbax and tensorstore raise many types for bad files
-                logger.warning("checkpoint %s is damaged (%s); falling back to an older one.",
-                               self.directory / str(step), _first_line(error))
+                logger.warning(
+                    "checkpoint %s is damaged (%s); falling back to an older one.",
+                    self.directory / str(step),
+                    _first_line(error),
+                )
                 continue
             if step != steps[0]:
                 self._set_aside([newer for newer in steps if newer > step])
                 logger.warning("resuming from checkpoint %d, the newest intact one.", step)
             return step, state, data_state
         if steps:
-            raise CheckpointDamagedError(f"every checkpoint in {self.directory} ({steps}) is damaged; start a fresh "
-                                         f"--workdir (or restore the directory from a backup).")
+            raise CheckpointDamagedError(
+                f"every checkpoint in {self.directory} ({steps}) is damaged; start a fresh "
+                f"--workdir (or restore the directory from a backup)."
+            )
         return None
 
     def _set_aside(self, steps: list[int]) -> None:
@@ -168,14 +180,19 @@ class Checkpointer:
         try:
             metadata = self.manager.item_metadata(step)["state"]
             target = on_first_device(getattr(metadata, "tree", metadata))
-            restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
-                                                                          data=ocp.args.JsonRestore()))
+            restored = self.manager.restore(
+                step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore())
+            )
         except Exception as error:  # noqa: BLE001 - orbax and tensorstore raise many types for bad files
             others = [other for other in self.all_steps() if other != step]
             raise CheckpointDamagedError(
                 f"checkpoint {step} in {self.directory} cannot be read ({_first_line(error)}); "
-                + (f"choose another with --checkpoint (available: {others})." if others else
-                   "no other checkpoint exists.")) from None
+                + (
+                    f"choose another with --checkpoint (available: {others})."
+                    if others
+                    else "no other checkpoint exists."
+                )
+            ) from None
         return restored["state"]["params"]
 
     def wait(self) -> None:
@@ -197,8 +214,11 @@ def on_first_device(metadata_tree: Any) -> Any:
     Restoring without a target makes orbax reuse the saved shardings, which only exist on the saving topology.
     """
     sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype, sharding=sharding),
-                        metadata_tree, is_leaf=lambda leaf: hasattr(leaf, "shape") and hasattr(leaf, "dtype"))
+    return jax.tree.map(
+        lambda leaf: jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype, sharding=sharding),
+        metadata_tree,
+        is_leaf=lambda leaf: hasattr(leaf, "shape") and hasattr(leaf, "dtype"),
+    )
 
 
 def save_json(path: Path, value: dict) -> None:
@@ -235,14 +255,17 @@ def load_params(workdir: str | Path, checkpoint: int | str | None = None) -> Any
     if isinstance(checkpoint, str) and checkpoint in NAMED_PARAMS:
         return restore_named_params(workdir, checkpoint)
     if isinstance(checkpoint, str) and not checkpoint.isdigit():
-        raise ValueError(f"checkpoint={checkpoint!r}: use a step number, one of {NAMED_PARAMS}, or nothing "
-                         f"for the latest.")
+        raise ValueError(
+            f"checkpoint={checkpoint!r}: use a step number, one of {NAMED_PARAMS}, or nothing for the latest."
+        )
     checkpointer = Checkpointer(workdir, keep=None, async_save=False)
     try:
         step = None if checkpoint is None else int(checkpoint)
         if step is not None and step not in checkpointer.all_steps():
-            raise FileNotFoundError(f"No checkpoint at step {step} in {checkpointer.directory}; available steps: "
-                                    f"{checkpointer.all_steps()}.")
+            raise FileNotFoundError(
+                f"No checkpoint at step {step} in {checkpointer.directory}; available steps: "
+                f"{checkpointer.all_steps()}."
+            )
         return checkpointer.restore_params(step)
     finally:
         checkpointer.close()
@@ -273,8 +296,9 @@ def average_params(workdir: str | Path, steps: list[int] | None = None, last: in
         chosen = steps if steps is not None else available[-last:] if last else available
         missing = sorted(set(chosen) - set(available))
         if missing or not chosen:
-            raise FileNotFoundError(f"Checkpoints {missing or chosen} not in {checkpointer.directory}; "
-                                    f"available steps: {available}.")
+            raise FileNotFoundError(
+                f"Checkpoints {missing or chosen} not in {checkpointer.directory}; available steps: {available}."
+            )
         total = None
         for step in chosen:
             params = jax.tree.map(lambda x: np.asarray(x, np.float64), checkpointer.restore_params(step))
@@ -293,8 +317,9 @@ def average_last(workdir: str | Path, last: int) -> tuple[list[int], Path]:
     if last < 1:
         raise ValueError(f"last={last}: average 1 or more of the latest checkpoints.")
     if not (Path(workdir) / CHECKPOINT_DIR).is_dir():
-        raise FileNotFoundError(f"{Path(workdir) / CHECKPOINT_DIR} not found: is {workdir} the --workdir of a "
-                                f"`transformer-jax train` run?")
+        raise FileNotFoundError(
+            f"{Path(workdir) / CHECKPOINT_DIR} not found: is {workdir} the --workdir of a `transformer-jax train` run?"
+        )
     checkpointer = Checkpointer(workdir, keep=None, async_save=False)
     try:
         steps = checkpointer.all_steps()[-last:]

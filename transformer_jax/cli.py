@@ -86,12 +86,14 @@ def _train_command(parser: argparse.ArgumentParser) -> Handler:
     parser.add_argument("--config", required=True, help="experiment file with get_config(), e.g. experiments/tiny.py")
     parser.add_argument("--workdir", required=True, help="run directory; an existing one is resumed")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    parser.epilog = ("Override any config field with --config.section.field=value, e.g. --config.train.steps=100.\n"
-                     "examples:\n"
-                     "  transformer-jax train --config experiments/tiny.py --workdir runs/tiny\n"
-                     "  transformer-jax train --config experiments/multi30k.py --workdir runs/m30k "
-                     "--config.data.path=data/multi30k --config.train.max_minutes=60\n"
-                     "  transformer-jax train --config runs/tiny/config.json --workdir runs/tiny  # replay, resume")
+    parser.epilog = (
+        "Override any config field with --config.section.field=value, e.g. --config.train.steps=100.\n"
+        "examples:\n"
+        "  transformer-jax train --config experiments/tiny.py --workdir runs/tiny\n"
+        "  transformer-jax train --config experiments/multi30k.py --workdir runs/m30k "
+        "--config.data.path=data/multi30k --config.train.max_minutes=60\n"
+        "  transformer-jax train --config runs/tiny/config.json --workdir runs/tiny  # replay, resume"
+    )
     return _run_train
 
 
@@ -129,16 +131,20 @@ SIGNAL_EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143}
 def check_workdir(workdir: str, *, writable: bool) -> None:
     """Fails at once (OSError with the fix) on a remote URL, a path that is a file, or one we cannot write."""
     if "://" in str(workdir):
-        raise OSError(f"--workdir {workdir}: remote paths are not supported; use a local directory (e.g. a "
-                      f"mounted bucket) and copy the results.")
+        raise OSError(
+            f"--workdir {workdir}: remote paths are not supported; use a local directory (e.g. a "
+            f"mounted bucket) and copy the results."
+        )
     path = Path(workdir)
     if path.exists() and not path.is_dir():
         raise OSError(f"--workdir {workdir} is a file, not a directory; pass a directory.")
     if writable:
         existing = path if path.exists() else next(parent for parent in path.absolute().parents if parent.exists())
         if not os.access(existing, os.W_OK | os.X_OK):
-            raise OSError(f"--workdir {workdir}: {existing} is not writable; fix its permissions or choose "
-                          f"another directory. Nothing was written.")
+            raise OSError(
+                f"--workdir {workdir}: {existing} is not writable; fix its permissions or choose "
+                f"another directory. Nothing was written."
+            )
 
 
 # ------------------------------------------------------------------------- translate / evaluate / average
@@ -148,14 +154,18 @@ def _add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     from transformer_jax.decoding import DecodeConfig
 
     parser.add_argument("--workdir", required=True, help="the --workdir of a `transformer-jax train` run")
-    parser.add_argument("--checkpoint", default=None,
-                        help="a step number, 'averaged' (see `average`), 'imported' (see `import-torch`), "
-                             "or nothing for the latest checkpoint")
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        help="a step number, 'averaged' (see `average`), 'imported' (see `import-torch`), "
+        "or nothing for the latest checkpoint",
+    )
     parser.add_argument("--greedy", action="store_true", help="greedy decoding instead of beam search")
     for field in dataclasses.fields(DecodeConfig):  # --beam-size, --alpha, ...: one flag per DecodeConfig field
         kind = type(field.default) if field.default is not None else int
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=kind, default=field.default,
-                            help=field.metadata.get("help"))
+        parser.add_argument(
+            f"--{field.name.replace('_', '-')}", type=kind, default=field.default, help=field.metadata.get("help")
+        )
     parser.add_argument("--batch-size", type=int, default=32, help="sentences decoded together")
 
 
@@ -166,9 +176,14 @@ def _translator(args: argparse.Namespace, **options):
 
     fields = dataclasses.fields(DecodeConfig)
     decode_config = DecodeConfig(**{field.name: getattr(args, field.name) for field in fields})
-    return Translator.from_workdir(args.workdir, args.checkpoint, decode_config=decode_config,
-                                   method="greedy" if args.greedy else "beam", batch_size=args.batch_size,
-                                   **options)
+    return Translator.from_workdir(
+        args.workdir,
+        args.checkpoint,
+        decode_config=decode_config,
+        method="greedy" if args.greedy else "beam",
+        batch_size=args.batch_size,
+        **options,
+    )
 
 
 @register("translate", help="Translate text line by line with a trained workdir (stdin/stdout by default).")
@@ -177,17 +192,28 @@ def _translate_command(parser: argparse.ArgumentParser) -> Handler:
     parser.add_argument("--input", help="read source lines from this file (default: stdin)")
     parser.add_argument("--output", help="write translations to this file (default: stdout)")
     parser.add_argument("--nbest", type=int, default=1, help="hypotheses per line, best first (at most the beam)")
-    parser.add_argument("--max-tokens", type=int, default=None,
-                        help="batch by padded source tokens instead of --batch-size sentences")
-    parser.add_argument("--format", choices=("text", "tsv", "jsonl"), default="text",
-                        help="text: the best translation per line; tsv: line, rank, score, translation per "
-                             "hypothesis; jsonl: {source, hypotheses: [{text, score}]} per line")
-    parser.add_argument("--on-too-long", choices=("truncate", "error"), default="truncate",
-                        help="an input longer than the model's max_len: truncate with a warning, or stop")
+    parser.add_argument(
+        "--max-tokens", type=int, default=None, help="batch by padded source tokens instead of --batch-size sentences"
+    )
+    parser.add_argument(
+        "--format",
+        choices=("text", "tsv", "jsonl"),
+        default="text",
+        help="text: the best translation per line; tsv: line, rank, score, translation per "
+        "hypothesis; jsonl: {source, hypotheses: [{text, score}]} per line",
+    )
+    parser.add_argument(
+        "--on-too-long",
+        choices=("truncate", "error"),
+        default="truncate",
+        help="an input longer than the model's max_len: truncate with a warning, or stop",
+    )
     parser.add_argument("--chunk-lines", type=int, default=1000, help="lines read before a chunk is decoded")
-    parser.epilog = ("examples:\n"
-                     "  transformer-jax translate --workdir runs/tiny --checkpoint averaged < in.en > out.de\n"
-                     "  transformer-jax translate --workdir runs/tiny --input in.en --nbest 4 --format jsonl")
+    parser.epilog = (
+        "examples:\n"
+        "  transformer-jax translate --workdir runs/tiny --checkpoint averaged < in.en > out.de\n"
+        "  transformer-jax translate --workdir runs/tiny --input in.en --nbest 4 --format jsonl"
+    )
     return _run_translate
 
 
@@ -203,8 +229,13 @@ def _format_translation(number: int, source: str, hypotheses, fmt: str) -> str:
         return hypotheses[0].text + "\n"
     if fmt == "tsv":
         return "".join(f"{number}\t{rank}\t{h.score:.4f}\t{h.text}\n" for rank, h in enumerate(hypotheses, 1))
-    return json.dumps({"source": source, "hypotheses": [{"text": h.text, "score": h.score} for h in hypotheses]},
-                      ensure_ascii=False) + "\n"
+    return (
+        json.dumps(
+            {"source": source, "hypotheses": [{"text": h.text, "score": h.score} for h in hypotheses]},
+            ensure_ascii=False,
+        )
+        + "\n"
+    )
 
 
 def _run_translate(args: argparse.Namespace) -> int:
@@ -214,18 +245,23 @@ def _run_translate(args: argparse.Namespace) -> int:
     try:
         translator = _translator(args, on_too_long=args.on_too_long, max_tokens=args.max_tokens)
         with contextlib.ExitStack() as files:
-            source = files.enter_context(open(args.input, "rb")) if args.input else getattr(sys.stdin, "buffer",
-                                                                                             sys.stdin)
+            source = (
+                files.enter_context(open(args.input, "rb")) if args.input else getattr(sys.stdin, "buffer", sys.stdin)
+            )
             sink = files.enter_context(open(args.output, "w", encoding="utf-8")) if args.output else sys.stdout
-            stream = translator.translate_stream(_utf8_lines(source), chunk_lines=args.chunk_lines,
-                                                 nbest=args.nbest, progress=True)
+            stream = translator.translate_stream(
+                _utf8_lines(source), chunk_lines=args.chunk_lines, nbest=args.nbest, progress=True
+            )
             for number, (line, hypotheses) in enumerate(stream, start=1):
                 sink.write(_format_translation(number, line, hypotheses, args.format))
                 sink.flush()
     except UnicodeDecodeError as error:
-        print(f"error: input line {number + 1} is not UTF-8 ({error.reason} at byte {error.start}); the "
-              f"{number} lines before it were translated. Convert the input, e.g. "
-              f"iconv -f LATIN1 -t UTF-8 FILE.", file=sys.stderr)
+        print(
+            f"error: input line {number + 1} is not UTF-8 ({error.reason} at byte {error.start}); the "
+            f"{number} lines before it were translated. Convert the input, e.g. "
+            f"iconv -f LATIN1 -t UTF-8 FILE.",
+            file=sys.stderr,
+        )
         return 1
     except BrokenPipeError:  # the reader went away (e.g. `| head -1`): stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -253,8 +289,10 @@ def _evaluation_pairs(args: argparse.Namespace) -> tuple[str, list[tuple[str, st
         sources = list(read_lines(Path(args.source_file)))
         references = list(read_lines(Path(args.reference_file)))
         if len(sources) != len(references):
-            raise ValueError(f"{args.source_file} has {len(sources)} lines but {args.reference_file} has "
-                             f"{len(references)}; they must pair up line by line.")
+            raise ValueError(
+                f"{args.source_file} has {len(sources)} lines but {args.reference_file} has "
+                f"{len(references)}; they must pair up line by line."
+            )
         return Path(args.source_file).stem, list(zip(sources, references))
     from transformer_jax import checkpoint as ckpt
     from transformer_jax.data.sources import source_from_config
@@ -279,12 +317,22 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     evaluation = evaluate_pairs(translator, pairs, progress=True, moses_lang=target_lang)
     seconds = time.perf_counter() - started
     label = f"{name}.{args.checkpoint or 'latest'}.{method}"
-    saved = save_evaluation(args.workdir, label, evaluation, split=name, checkpoint=args.checkpoint or "latest",
-                            method=method, seconds=seconds, sentences_per_sec=len(pairs) / seconds)
+    saved = save_evaluation(
+        args.workdir,
+        label,
+        evaluation,
+        split=name,
+        checkpoint=args.checkpoint or "latest",
+        method=method,
+        seconds=seconds,
+        sentences_per_sec=len(pairs) / seconds,
+    )
     print(evaluation.samples(args.samples))
     print(f"{name} ({args.checkpoint or 'latest'} checkpoint, {method}): {evaluation.scores.summary()}")
-    print(f"decoded {len(pairs)} sentences in {seconds:.1f} s ({len(pairs) / seconds:.1f} sentences/s); "
-          f"hypotheses and scores in {saved.with_suffix('')}.*")
+    print(
+        f"decoded {len(pairs)} sentences in {seconds:.1f} s ({len(pairs) / seconds:.1f} sentences/s); "
+        f"hypotheses and scores in {saved.with_suffix('')}.*"
+    )
     return 0
 
 
@@ -299,8 +347,10 @@ def _run_average(args: argparse.Namespace) -> int:
     from transformer_jax import checkpoint as ckpt
 
     if args.last < 1:
-        print(f"error: --last {args.last}: give how many of the latest checkpoints to average (1 or more).",
-              file=sys.stderr)
+        print(
+            f"error: --last {args.last}: give how many of the latest checkpoints to average (1 or more).",
+            file=sys.stderr,
+        )
         return 2
     check_workdir(args.workdir, writable=True)
     steps, directory = ckpt.average_last(args.workdir, args.last)
@@ -314,8 +364,7 @@ def _run_average(args: argparse.Namespace) -> int:
 @register("export-torch", help="Write a checkpoint's parameters as a torch state_dict file (needs torch).")
 def _export_torch_command(parser: argparse.ArgumentParser) -> Handler:
     parser.add_argument("--workdir", required=True)
-    parser.add_argument("--checkpoint", default=None,
-                        help="a step, 'averaged', 'imported', or nothing for the latest")
+    parser.add_argument("--checkpoint", default=None, help="a step, 'averaged', 'imported', or nothing for the latest")
     parser.add_argument("--output", required=True, help="path of the .pt file to write")
     return _run_export_torch
 
@@ -362,14 +411,19 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     parser = argparse.ArgumentParser(prog="transformer-jax", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    parser.add_argument("--compilation-cache", metavar="DIR|off", default=None,
-                        help="persistent XLA compilation cache: a second run of the same config skips compiling "
-                             "(default: $TRANSFORMER_JAX_COMPILATION_CACHE or ~/.cache/transformer_jax/xla)")
+    parser.add_argument(
+        "--compilation-cache",
+        metavar="DIR|off",
+        default=None,
+        help="persistent XLA compilation cache: a second run of the same config skips compiling "
+        "(default: $TRANSFORMER_JAX_COMPILATION_CACHE or ~/.cache/transformer_jax/xla)",
+    )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     handlers = {}
     for name, command in COMMANDS.items():
-        sub = subparsers.add_parser(name, help=command.help, description=command.help,
-                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+        sub = subparsers.add_parser(
+            name, help=command.help, description=command.help, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
         handlers[name] = command.declare(sub)
         sub.epilog = sub.epilog or EXAMPLES.get(name)
     return parser, handlers
@@ -377,11 +431,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
 
 EXAMPLES = {
     "evaluate": "examples:\n"
-                "  transformer-jax evaluate --workdir runs/tiny --checkpoint averaged --split test\n"
-                "  transformer-jax evaluate --workdir runs/tiny --greedy --source-file in.en --reference-file ref.de",
+    "  transformer-jax evaluate --workdir runs/tiny --checkpoint averaged --split test\n"
+    "  transformer-jax evaluate --workdir runs/tiny --greedy --source-file in.en --reference-file ref.de",
     "average": "examples:\n  transformer-jax average --workdir runs/tiny --last 5   # then --checkpoint averaged",
     "export-torch": "examples:\n"
-                    "  transformer-jax export-torch --workdir runs/tiny --checkpoint averaged --output model.pt",
+    "  transformer-jax export-torch --workdir runs/tiny --checkpoint averaged --output model.pt",
     "import-torch": "examples:\n  transformer-jax import-torch --workdir runs/tiny --input model.pt",
 }
 
@@ -398,8 +452,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.config_overrides = overrides
     if overrides and not hasattr(args, "config"):
         parser.error(f"{args.command} takes no --config overrides")
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     from transformer_jax.compilation_cache import enable_compilation_cache
 
     enable_compilation_cache(args.compilation_cache)
@@ -411,6 +467,7 @@ def run_handler(handler: Handler, args: argparse.Namespace) -> int:
     a bad config 2, anything else that names its problem (missing files, bad input, a failed start-up) 1."""
     from transformer_jax.distributed import DistributedStartupError
     from transformer_jax.experiment import ConfigError
+
     try:
         return int(handler(args) or 0)
     except ConfigError as error:

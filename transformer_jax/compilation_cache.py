@@ -32,8 +32,12 @@ def enable_compilation_cache(directory: str | os.PathLike | None = None) -> Path
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        logger.warning("compilation cache off: cannot create %s (%s); set %s to a writable directory or 'off'.",
-                       path, error.strerror, ENV_VAR)
+        logger.warning(
+            "compilation cache off: cannot create %s (%s); set %s to a writable directory or 'off'.",
+            path,
+            error.strerror,
+            ENV_VAR,
+        )
         return None
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)  # skip trivial compiles

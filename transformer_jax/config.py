@@ -21,9 +21,7 @@ def _as_dtype(value: Any, field: str) -> jnp.dtype:
     try:
         return jnp.dtype(value)
     except TypeError as error:
-        raise ValueError(
-            f"ModelConfig.{field}={value!r} is not a dtype; use e.g. 'float32' or 'bfloat16'."
-        ) from error
+        raise ValueError(f"ModelConfig.{field}={value!r} is not a dtype; use e.g. 'float32' or 'bfloat16'.") from error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,8 +96,7 @@ class ModelConfig:
             )
         if self.position_encoding not in POSITION_KINDS:
             raise ValueError(
-                f"ModelConfig.position_encoding={self.position_encoding!r} is unknown; "
-                f"use one of {POSITION_KINDS}."
+                f"ModelConfig.position_encoding={self.position_encoding!r} is unknown; use one of {POSITION_KINDS}."
             )
         if self.sinusoid_layout not in SINUSOID_LAYOUTS:
             raise ValueError(
@@ -136,7 +133,12 @@ def big(**overrides) -> ModelConfig:
 def tiny(**overrides) -> ModelConfig:
     """A small model for tests, the demo and laptops (same shape rules, a fraction of the size)."""
     values = dict(
-        vocab_size=512, d_model=64, num_heads=4, d_ff=256, num_encoder_layers=2, num_decoder_layers=2,
+        vocab_size=512,
+        d_model=64,
+        num_heads=4,
+        d_ff=256,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
         max_len=128,
     )
     return ModelConfig(**{**values, **overrides})

@@ -93,14 +93,15 @@ def resolve_config(section: DistributedConfig | None = None) -> DistributedConfi
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise DistributedStartupError(
                 f"coordinator_address={address!r} is not 'host:port' (e.g. '10.0.0.1:1234'): the address of "
-                f"process 0, with a port free on that host, the same for every process.")
+                f"process 0, with a port free on that host, the same for every process."
+            )
     if cfg.num_processes is not None and cfg.num_processes < 1:
         raise DistributedStartupError(f"num_processes={cfg.num_processes} must be at least 1.")
-    if cfg.process_id is not None and cfg.num_processes is not None and \
-            not 0 <= cfg.process_id < cfg.num_processes:
+    if cfg.process_id is not None and cfg.num_processes is not None and not 0 <= cfg.process_id < cfg.num_processes:
         raise DistributedStartupError(
             f"process_id={cfg.process_id} must lie in [0, num_processes={cfg.num_processes}); give each process "
-            f"a distinct id 0 .. {cfg.num_processes - 1}.")
+            f"a distinct id 0 .. {cfg.num_processes - 1}."
+        )
     if cfg.initialization_timeout <= 0:
         raise DistributedStartupError(f"initialization_timeout={cfg.initialization_timeout} must be positive.")
     if cfg.cpu_collectives not in (None, "gloo", "mpi"):
@@ -119,23 +120,28 @@ def _wanted(cfg: DistributedConfig) -> bool:
 
 
 def _info(initialized: bool) -> ProcessInfo:
-    return ProcessInfo(jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count(),
-                       initialized)
+    return ProcessInfo(
+        jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count(), initialized
+    )
 
 
 def _describe(cfg: DistributedConfig) -> str:
-    return (f"process_id={cfg.process_id}, num_processes={cfg.num_processes}, coordinator_address="
-            f"{cfg.coordinator_address!r}, initialization_timeout={cfg.initialization_timeout}s")
+    return (
+        f"process_id={cfg.process_id}, num_processes={cfg.num_processes}, coordinator_address="
+        f"{cfg.coordinator_address!r}, initialization_timeout={cfg.initialization_timeout}s"
+    )
 
 
 # JAX's own connection deadline is set this much later than initialization_timeout, so that a failed start-up
 # ends with this module's message (the watchdog) rather than the runtime's abort.
 _JAX_DEADLINE_GRACE_S = 15
 STARTUP_FAILED_EXIT_CODE = 3
-_HINTS = ("Check that: process 0 is running and reachable at coordinator_address from every host (the same "
-          "address for all processes, its port free on process 0's host and open in the firewall); all "
-          "num_processes processes were started, each with a distinct process_id in [0, num_processes) and the "
-          "same num_processes; no proxy variables (http_proxy, ...) redirect the connection.")
+_HINTS = (
+    "Check that: process 0 is running and reachable at coordinator_address from every host (the same "
+    "address for all processes, its port free on process 0's host and open in the firewall); all "
+    "num_processes processes were started, each with a distinct process_id in [0, num_processes) and the "
+    "same num_processes; no proxy variables (http_proxy, ...) redirect the connection."
+)
 
 
 class _Watchdog:
@@ -183,7 +189,8 @@ def _preflight(cfg: DistributedConfig) -> None:
             raise DistributedStartupError(
                 f"process 0 must serve the coordinator on port {port}, but it cannot bind it ({error}): another "
                 f"program (or an earlier run) holds it. Choose a free port for coordinator_address "
-                f"({cfg.coordinator_address!r}).") from None
+                f"({cfg.coordinator_address!r})."
+            ) from None
         finally:
             probe.close()
         return
@@ -197,7 +204,8 @@ def _preflight(cfg: DistributedConfig) -> None:
                 raise DistributedStartupError(
                     f"process {cfg.process_id} could not reach the coordinator at {cfg.coordinator_address!r} "
                     f"within initialization_timeout={cfg.initialization_timeout}s ({error}). Is process 0 "
-                    f"running, on that host, with the same coordinator_address? " + _HINTS) from None
+                    f"running, on that host, with the same coordinator_address? " + _HINTS
+                ) from None
             time.sleep(0.25)
 
 
@@ -219,19 +227,23 @@ def initialize(section: DistributedConfig | None = None) -> ProcessInfo:
         raise DistributedStartupError(
             "transformer_jax.distributed.initialize() must run before any other JAX call (jax.devices(), creating "
             "an array, jit): JAX has already started its devices in this process as a single process. Call it "
-            "first thing in main().")
+            "first thing in main()."
+        )
     if cfg.cpu_collectives:
         jax.config.update("jax_cpu_collectives_implementation", cfg.cpu_collectives)
     logger.info("joining the distributed run: %s", _describe(cfg))
     _preflight(cfg)
-    watchdog = _Watchdog(cfg.initialization_timeout,
-                         f"the distributed start-up did not complete within initialization_timeout="
-                         f"{cfg.initialization_timeout}s ({_describe(cfg)}): some of the num_processes processes "
-                         f"did not join. " + _HINTS)
+    watchdog = _Watchdog(
+        cfg.initialization_timeout,
+        f"the distributed start-up did not complete within initialization_timeout="
+        f"{cfg.initialization_timeout}s ({_describe(cfg)}): some of the num_processes processes "
+        f"did not join. " + _HINTS,
+    )
     try:
         try:
             jax.distributed.initialize(
-                coordinator_address=cfg.coordinator_address, num_processes=cfg.num_processes,
+                coordinator_address=cfg.coordinator_address,
+                num_processes=cfg.num_processes,
                 process_id=cfg.process_id,
                 local_device_ids=None if cfg.local_device_ids is None else list(cfg.local_device_ids),
                 cluster_detection_method=cfg.cluster_detection_method,
@@ -275,15 +287,19 @@ def _check_agreement(cfg: DistributedConfig) -> str | None:
             if seen[other] != count:
                 break
     except Exception as error:
-        return (f"joined the coordinator but the processes could not compare launch settings ({_describe(cfg)}): "
-                f"{type(error).__name__}: {error}. Launch every process with the same num_processes and distinct "
-                f"process ids 0 .. num_processes-1.")
+        return (
+            f"joined the coordinator but the processes could not compare launch settings ({_describe(cfg)}): "
+            f"{type(error).__name__}: {error}. Launch every process with the same num_processes and distinct "
+            f"process ids 0 .. num_processes-1."
+        )
     different = {other: n for other, n in seen.items() if n != count}
     if different:
-        return (f"process {me} was launched with num_processes={count} but process(es) "
-                + ", ".join(f"{other} with num_processes={n}" for other, n in different.items())
-                + "; launch every process with the same num_processes (and distinct process ids 0 .. "
-                  "num_processes-1).")
+        return (
+            f"process {me} was launched with num_processes={count} but process(es) "
+            + ", ".join(f"{other} with num_processes={n}" for other, n in different.items())
+            + "; launch every process with the same num_processes (and distinct process ids 0 .. "
+            "num_processes-1)."
+        )
     return None
 
 

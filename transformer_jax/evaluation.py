@@ -26,8 +26,9 @@ class Evaluation:
         return "\n".join(lines)
 
 
-def evaluate_pairs(translator: Translator, pairs: Sequence[tuple[str, str]], *, progress: bool = False,
-                   moses_lang: str | None = None) -> Evaluation:
+def evaluate_pairs(
+    translator: Translator, pairs: Sequence[tuple[str, str]], *, progress: bool = False, moses_lang: str | None = None
+) -> Evaluation:
     """Translates the source side of `pairs` and scores it against the raw target side with sacreBLEU
     (with `moses_lang`, the target language, also the Moses-tokenized lowercased BLEU; metrics.score)."""
     sources = [source for source, _ in pairs]

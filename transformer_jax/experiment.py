@@ -48,8 +48,9 @@ class _Section:
         for field in dataclasses.fields(self):
             value, hint = getattr(self, field.name), hints[field.name]
             if typing.get_origin(hint) is Literal and value not in typing.get_args(hint):
-                raise ConfigError(f"{self.section}.{field.name}={value!r} is unknown; use one of "
-                                  f"{typing.get_args(hint)}.")
+                raise ConfigError(
+                    f"{self.section}.{field.name}={value!r} is unknown; use one of {typing.get_args(hint)}."
+                )
         for name in self._positive:
             if not _positive_int(getattr(self, name)):
                 raise ConfigError(f"{self.section}.{name}={getattr(self, name)!r} must be a positive integer.")
@@ -75,8 +76,13 @@ class DataConfig(_Section):
     """Parallel text, the shared SentencePiece vocabulary (§5.1) and how batches are cut."""
 
     section: ClassVar[str] = "data"
-    _positive: ClassVar[tuple[str, ...]] = ("vocab_size", "tokens_per_batch", "max_len", "eval_batch_size",
-                                            "tokenizer_max_sentences")
+    _positive: ClassVar[tuple[str, ...]] = (
+        "vocab_size",
+        "tokens_per_batch",
+        "max_len",
+        "eval_batch_size",
+        "tokenizer_max_sentences",
+    )
 
     source: Literal["builtin", "local", "multi30k", "tfds"] = "builtin"  # transformer_jax.data.sources
     path: str = ""  # directory of local / multi30k files, or the tfds data_dir
@@ -131,8 +137,15 @@ class TrainConfig(_Section):
     """The run: its length or time budget, the loss, seeds, intervals, checkpoints, what to report."""
 
     section: ClassVar[str] = "train"
-    _positive: ClassVar[tuple[str, ...]] = ("steps", "accum_steps", "log_every", "eval_every", "checkpoint_every",
-                                            "keep_checkpoints", "bleu_max_sentences")
+    _positive: ClassVar[tuple[str, ...]] = (
+        "steps",
+        "accum_steps",
+        "log_every",
+        "eval_every",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "bleu_max_sentences",
+    )
 
     steps: int = 100_000  # optimizer updates
     max_minutes: float = 0.0  # time budget of a train command (0 = none): stop, checkpoint and evaluate when spent
@@ -157,10 +170,10 @@ class TrainConfig(_Section):
     def _validate(self) -> None:
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(f"train.label_smoothing={self.label_smoothing} must lie in [0, 1).")
-        if isinstance(self.max_minutes, bool) or not isinstance(self.max_minutes, (int, float)) or \
-                self.max_minutes < 0:
-            raise ConfigError(f"train.max_minutes={self.max_minutes!r} must be a number of minutes >= 0 "
-                              f"(0 = no budget).")
+        if isinstance(self.max_minutes, bool) or not isinstance(self.max_minutes, (int, float)) or self.max_minutes < 0:
+            raise ConfigError(
+                f"train.max_minutes={self.max_minutes!r} must be a number of minutes >= 0 (0 = no budget)."
+            )
         if not isinstance(self.bleu_every, int) or self.bleu_every < 0:
             raise ConfigError(f"train.bleu_every={self.bleu_every!r} must be a non-negative integer (0 = off).")
 
@@ -175,21 +188,27 @@ class DecodeConfig(_Section):
 
     # Each field's `help` is its command-line help (`--beam-size`, ... in translate / evaluate).
     beam_size: int = dataclasses.field(default=4, metadata={"help": "hypotheses kept (§6.1: 4)"})
-    alpha: float = dataclasses.field(default=0.6, metadata={
-        "help": "GNMT length penalty ((5 + |Y|) / 6) ** alpha, |Y| counting the EOS (§6.1: 0.6)"})
-    extra_length: int = dataclasses.field(default=50, metadata={
-        "help": "per sentence: output length <= source length + this (§6.1: 50)"})
-    max_decode_len: int | None = dataclasses.field(default=None, metadata={
-        "help": "static output buffer (default: padded source width + extra length)"})
-    gather: Literal["take", "one_hot"] = dataclasses.field(default="take", metadata={
-        "help": "reordering hypotheses: 'take' (batched gather) or 'one_hot' (matmuls, t5x's choice on TPUs)"})
+    alpha: float = dataclasses.field(
+        default=0.6, metadata={"help": "GNMT length penalty ((5 + |Y|) / 6) ** alpha, |Y| counting the EOS (§6.1: 0.6)"}
+    )
+    extra_length: int = dataclasses.field(
+        default=50, metadata={"help": "per sentence: output length <= source length + this (§6.1: 50)"}
+    )
+    max_decode_len: int | None = dataclasses.field(
+        default=None, metadata={"help": "static output buffer (default: padded source width + extra length)"}
+    )
+    gather: Literal["take", "one_hot"] = dataclasses.field(
+        default="take",
+        metadata={
+            "help": "reordering hypotheses: 'take' (batched gather) or 'one_hot' (matmuls, t5x's choice on TPUs)"
+        },
+    )
 
     def _validate(self) -> None:
         if not isinstance(self.extra_length, int) or self.extra_length < 0:
             raise ConfigError(f"decode.extra_length must be a non-negative integer, got {self.extra_length!r}.")
         if self.max_decode_len is not None and not _positive_int(self.max_decode_len):
-            raise ConfigError(f"decode.max_decode_len must be None or a positive integer, got "
-                              f"{self.max_decode_len!r}.")
+            raise ConfigError(f"decode.max_decode_len must be None or a positive integer, got {self.max_decode_len!r}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,8 +235,10 @@ class MeshConfig(_Section):
             if not (_positive_int(size) or size == -1):
                 raise ConfigError(f"mesh.{axis}={size!r} must be a positive device count or -1 (the rest).")
         if self.mode == "pmap" and (self.fsdp != 1 or self.tensor != 1):
-            raise ConfigError(f"mesh.mode='pmap' is data parallel only, but the mesh asks for fsdp={self.fsdp}, "
-                              f"tensor={self.tensor}; use mesh.mode='jit' for FSDP / tensor parallelism.")
+            raise ConfigError(
+                f"mesh.mode='pmap' is data parallel only, but the mesh asks for fsdp={self.fsdp}, "
+                f"tensor={self.tensor}; use mesh.mode='jit' for FSDP / tensor parallelism."
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,8 +288,10 @@ class Experiment:
             except ValueError as error:
                 raise ConfigError(f"data.vocab_size={self.data.vocab_size}: {error}") from None
         if self.data.max_len > self.model.max_len:
-            raise ConfigError(f"data.max_len={self.data.max_len} exceeds the model's max_len={self.model.max_len} "
-                              f"(positions table); raise --config.model.max_len or lower data.max_len.")
+            raise ConfigError(
+                f"data.max_len={self.data.max_len} exceeds the model's max_len={self.model.max_len} "
+                f"(positions table); raise --config.model.max_len or lower data.max_len."
+            )
 
     def replace(self, **changes) -> Experiment:
         return dataclasses.replace(self, **changes)
@@ -289,8 +312,9 @@ class Experiment:
             section_cls = SECTIONS[name]
             known = {field.name for field in dataclasses.fields(section_cls)}
             if set(fields) - known:
-                raise ConfigError(f"unknown fields {sorted(set(fields) - known)} in section {name!r}; known: "
-                                  f"{sorted(known)}.")
+                raise ConfigError(
+                    f"unknown fields {sorted(set(fields) - known)} in section {name!r}; known: {sorted(known)}."
+                )
             sections[name] = _build(section_cls, name, {key: _as_tuples(value) for key, value in fields.items()})
         return cls(**sections)
 
@@ -381,13 +405,19 @@ def apply_overrides(experiment: Experiment, overrides: Iterable[tuple[str, str]]
         else:
             known = sorted(field.name for field in dataclasses.fields(section))
             if name not in known:
-                hint = (" (vocab_size and the special ids come from the SentencePiece model; set data.vocab_size)"
-                        if section_name == "model" and name in TOKENIZER_FIELDS else "")
-                raise ConfigError(f"--config.{dotted}: unknown field {name!r}{hint}; known fields of "
-                                  f"{section_name}: {known}.")
+                hint = (
+                    " (vocab_size and the special ids come from the SentencePiece model; set data.vocab_size)"
+                    if section_name == "model" and name in TOKENIZER_FIELDS
+                    else ""
+                )
+                raise ConfigError(
+                    f"--config.{dotted}: unknown field {name!r}{hint}; known fields of {section_name}: {known}."
+                )
             if section_name == "model" and name in TOKENIZER_FIELDS:
-                raise ConfigError(f"--config.{dotted}: vocab_size and the special ids come from the SentencePiece "
-                                  f"model; set data.vocab_size.")
+                raise ConfigError(
+                    f"--config.{dotted}: vocab_size and the special ids come from the SentencePiece "
+                    f"model; set data.vocab_size."
+                )
             value = _parse(text, typing.get_type_hints(type(section))[name], dotted)
         changed = _build(type(section), section_name, {**_fields(section), name: value})
         try:
@@ -445,9 +475,21 @@ def _type_name(hint: Any) -> str:
 # ---------------------------------------------------------------------------------------------------- resume
 
 # Fields a resumed run may not change: they define the model or the data stream the checkpoint continues.
-RESUME_FIXED = ("model.", "data.source", "data.options.", "data.source_lang", "data.target_lang", "data.vocab_size",
-                "data.tokenizer_", "data.tokens_per_batch", "data.max_len", "data.pack", "data.bucket_boundaries",
-                "train.seed", "train.accum_steps")
+RESUME_FIXED = (
+    "model.",
+    "data.source",
+    "data.options.",
+    "data.source_lang",
+    "data.target_lang",
+    "data.vocab_size",
+    "data.tokenizer_",
+    "data.tokens_per_batch",
+    "data.max_len",
+    "data.pack",
+    "data.bucket_boundaries",
+    "train.seed",
+    "train.accum_steps",
+)
 
 
 def _flatten(tree: Mapping, prefix: str = "") -> dict[str, Any]:

@@ -25,12 +25,16 @@ class Scores:
     bleu_moses_lowercase_signature: str | None = None
 
     def summary(self) -> str:
-        text = (f"BLEU {self.bleu:.2f} | lowercased BLEU {self.bleu_lowercase:.2f} | chrF {self.chrf:.2f} "
-                f"({self.sentences} sentences)\n  {self.bleu_signature}\n  {self.bleu_lowercase_signature}\n"
-                f"  {self.chrf_signature}")
+        text = (
+            f"BLEU {self.bleu:.2f} | lowercased BLEU {self.bleu_lowercase:.2f} | chrF {self.chrf:.2f} "
+            f"({self.sentences} sentences)\n  {self.bleu_signature}\n  {self.bleu_lowercase_signature}\n"
+            f"  {self.chrf_signature}"
+        )
         if self.bleu_moses_lowercase is not None:
-            text += (f"\n  Moses-tokenized lowercased BLEU (fairseq-style papers) {self.bleu_moses_lowercase:.2f}: "
-                     f"{self.bleu_moses_lowercase_signature}")
+            text += (
+                f"\n  Moses-tokenized lowercased BLEU (fairseq-style papers) {self.bleu_moses_lowercase:.2f}: "
+                f"{self.bleu_moses_lowercase_signature}"
+            )
         return text
 
 
@@ -52,8 +56,9 @@ def score(hypotheses: Sequence[str], references: Sequence[str], *, moses_lang: s
     """sacreBLEU with its defaults (tokenize='13a', cased) plus lowercased BLEU and chrF; with `moses_lang`, also
     the Moses-tokenized lowercased BLEU of fairseq-style papers."""
     if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references; they must pair up "
-                         "line by line.")
+        raise ValueError(
+            f"{len(hypotheses)} hypotheses but {len(references)} references; they must pair up line by line."
+        )
     bleu = sacrebleu.metrics.BLEU()
     bleu_lowercase = sacrebleu.metrics.BLEU(lowercase=True)
     chrf = sacrebleu.metrics.CHRF()

@@ -21,7 +21,10 @@ from transformer_jax.layers.masks import causal_mask, combine_masks, padding_mas
 def layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
     """LayerNorm whose statistics are computed in float32 whatever the activation dtype."""
     return nn.LayerNorm(
-        epsilon=cfg.layer_norm_epsilon, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name,
+        epsilon=cfg.layer_norm_epsilon,
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        name=name,
         scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
         bias_init=bias_init(("embed",)),
     )
@@ -45,8 +48,9 @@ class EncoderLayer(nn.Module):
     def __call__(self, x, mask=None, deterministic: bool = True):
         cfg = self.config
         self_attention = MultiHeadAttention(cfg, name="self_attention")
-        x = residual(cfg, "self_attention", lambda y: self_attention(y, mask=mask, deterministic=deterministic),
-                     x, deterministic)
+        x = residual(
+            cfg, "self_attention", lambda y: self_attention(y, mask=mask, deterministic=deterministic), x, deterministic
+        )
         ffn = FeedForward(cfg, name="ffn")
         return residual(cfg, "ffn", lambda y: ffn(y, deterministic=deterministic), x, deterministic)
 
@@ -57,18 +61,24 @@ class DecoderLayer(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, x, memory, self_mask=None, cross_mask=None, deterministic: bool = True,
-                 decode: bool = False):
+    def __call__(self, x, memory, self_mask=None, cross_mask=None, deterministic: bool = True, decode: bool = False):
         cfg = self.config
         self_attention = MultiHeadAttention(cfg, name="self_attention")
-        x = residual(cfg, "self_attention",
-                     lambda y: self_attention(y, mask=self_mask, deterministic=deterministic, decode=decode),
-                     x, deterministic)
+        x = residual(
+            cfg,
+            "self_attention",
+            lambda y: self_attention(y, mask=self_mask, deterministic=deterministic, decode=decode),
+            x,
+            deterministic,
+        )
         cross_attention = MultiHeadAttention(cfg, name="cross_attention")
-        x = residual(cfg, "cross_attention",
-                     lambda y: cross_attention(y, memory, mask=cross_mask, deterministic=deterministic,
-                                               decode=decode),
-                     x, deterministic)
+        x = residual(
+            cfg,
+            "cross_attention",
+            lambda y: cross_attention(y, memory, mask=cross_mask, deterministic=deterministic, decode=decode),
+            x,
+            deterministic,
+        )
         ffn = FeedForward(cfg, name="ffn")
         return residual(cfg, "ffn", lambda y: ffn(y, deterministic=deterministic), x, deterministic)
 
@@ -113,8 +123,16 @@ class Decoder(nn.Module):
     embedding: nn.Module
 
     @nn.compact
-    def __call__(self, y, memory, self_mask=None, cross_mask=None, positions=None,
-                 deterministic: bool = True, decode: bool = False):
+    def __call__(
+        self,
+        y,
+        memory,
+        self_mask=None,
+        cross_mask=None,
+        positions=None,
+        deterministic: bool = True,
+        decode: bool = False,
+    ):
         """y: [batch, tgt_len] ids; memory: [batch, src_len, d_model] -> [batch, tgt_len, d_model]."""
         cfg = self.config
         if decode:
@@ -152,7 +170,10 @@ class Transformer(nn.Module):
             self.source_embed = TokenEmbedding(cfg)
             self.target_embed = TokenEmbedding(cfg)
             self.output_projection = nn.Dense(
-                cfg.vocab_size, use_bias=False, dtype=jnp.float32, param_dtype=cfg.param_dtype,
+                cfg.vocab_size,
+                use_bias=False,
+                dtype=jnp.float32,
+                param_dtype=cfg.param_dtype,
                 kernel_init=kernel_init(("embed", "vocab")),
             )
             source_embedding, target_embedding = self.source_embed, self.target_embed
@@ -164,7 +185,8 @@ class Transformer(nn.Module):
         if tokens.shape[-1] > self.config.max_len:
             raise ValueError(
                 f"{name} has length {tokens.shape[-1]}, longer than ModelConfig.max_len={self.config.max_len} "
-                f"(the position table); truncate or split the input, or use a model with a larger max_len.")
+                f"(the position table); truncate or split the input, or use a model with a larger max_len."
+            )
 
     def encode(self, inputs, inputs_positions=None, inputs_segmentation=None, deterministic: bool = True):
         """inputs: [batch, src_len] ids (pad_id = padding) -> [batch, src_len, d_model]."""
@@ -176,8 +198,17 @@ class Transformer(nn.Module):
         )  # [batch, 1, src_len, src_len]
         return self.encoder(inputs, mask, inputs_positions, deterministic)
 
-    def decode(self, encoded, inputs, decoder_inputs, targets_positions=None, inputs_segmentation=None,
-               targets_segmentation=None, deterministic: bool = True, decode: bool = False):
+    def decode(
+        self,
+        encoded,
+        inputs,
+        decoder_inputs,
+        targets_positions=None,
+        inputs_segmentation=None,
+        targets_segmentation=None,
+        deterministic: bool = True,
+        decode: bool = False,
+    ):
         """Logits [batch, tgt_len, vocab] (float32) for decoder_inputs [batch, tgt_len] (the shifted targets).
 
         encoded: [batch, src_len, d_model] from `encode`; inputs: the source ids, for its padding mask.
@@ -192,8 +223,7 @@ class Transformer(nn.Module):
             self_mask = combine_masks(
                 padding_mask(decoder_inputs, decoder_inputs, cfg.pad_id),
                 causal_mask(decoder_inputs.shape[1]),
-                None if targets_segmentation is None
-                else segment_mask(targets_segmentation, targets_segmentation),
+                None if targets_segmentation is None else segment_mask(targets_segmentation, targets_segmentation),
             )  # [batch, 1, tgt_len, tgt_len]
             cross_mask = combine_masks(
                 padding_mask(decoder_inputs, inputs, cfg.pad_id),
@@ -204,10 +234,18 @@ class Transformer(nn.Module):
             return self.embed.attend(y)
         return self.output_projection(y.astype(jnp.float32))
 
-    def __call__(self, inputs, decoder_inputs, inputs_positions=None, targets_positions=None,
-                 inputs_segmentation=None, targets_segmentation=None, deterministic: bool = True):
-        """Teacher-forced logits [batch, tgt_len, vocab] for inputs [batch, src_len], decoder_inputs [batch, tgt_len].
-        """
+    def __call__(
+        self,
+        inputs,
+        decoder_inputs,
+        inputs_positions=None,
+        targets_positions=None,
+        inputs_segmentation=None,
+        targets_segmentation=None,
+        deterministic: bool = True,
+    ):
+        """Teacher-forced logits [batch, tgt_len, vocab] of inputs [batch, src_len], decoder_inputs [batch, tgt_len]."""
         encoded = self.encode(inputs, inputs_positions, inputs_segmentation, deterministic)
-        return self.decode(encoded, inputs, decoder_inputs, targets_positions, inputs_segmentation,
-                           targets_segmentation, deterministic)
+        return self.decode(
+            encoded, inputs, decoder_inputs, targets_positions, inputs_segmentation, targets_segmentation, deterministic
+        )

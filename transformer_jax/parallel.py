@@ -143,7 +143,10 @@ FSDP_RULES: Rules = make_rules(fsdp=True)
 TENSOR_RULES: Rules = make_rules(tensor=True)
 FSDP_TENSOR_RULES: Rules = make_rules(fsdp=True, tensor=True)
 RULE_TABLES: dict[str, Rules] = {
-    "dp": DEFAULT_RULES, "fsdp": FSDP_RULES, "tensor": TENSOR_RULES, "fsdp_tensor": FSDP_TENSOR_RULES,
+    "dp": DEFAULT_RULES,
+    "fsdp": FSDP_RULES,
+    "tensor": TENSOR_RULES,
+    "fsdp_tensor": FSDP_TENSOR_RULES,
 }
 
 
@@ -176,8 +179,13 @@ def rules_from_config(mesh_cfg: MeshConfig, mesh: Mesh) -> Rules:
 
 def logical_axis_sizes(model_cfg: Any) -> dict[str, int]:
     """Size of every parameter logical axis of a ModelConfig."""
-    return {"vocab": model_cfg.vocab_size, "embed": model_cfg.d_model, "heads": model_cfg.num_heads,
-            "kv": model_cfg.head_dim, "mlp": model_cfg.d_ff}
+    return {
+        "vocab": model_cfg.vocab_size,
+        "embed": model_cfg.d_model,
+        "heads": model_cfg.num_heads,
+        "kv": model_cfg.head_dim,
+        "mlp": model_cfg.d_ff,
+    }
 
 
 def check_model_fits_mesh(model_cfg: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> None:
@@ -190,8 +198,10 @@ def check_model_fits_mesh(model_cfg: Any, mesh: Mesh, rules: Rules = DEFAULT_RUL
             problems.append(f"'{name}' (size {size}) is split over mesh axes {axes} of total size {shards}")
     if problems:
         raise ValueError(
-            "the model does not divide over the mesh " f"{dict(mesh.shape)}: " + "; ".join(problems) +
-            ". Choose mesh sizes that divide these dimensions (e.g. tensor | num_heads, d_ff and vocab_size; "
+            "the model does not divide over the mesh "
+            f"{dict(mesh.shape)}: "
+            + "; ".join(problems)
+            + ". Choose mesh sizes that divide these dimensions (e.g. tensor | num_heads, d_ff and vocab_size; "
             "fsdp | d_model and d_ff) or round vocab_size up to a multiple of them."
         )
 
@@ -255,8 +265,10 @@ def data_shard(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> tuple[int, int]:
     index_map = sharding.addressable_devices_indices_map((shards, 1))
     rows = sorted({(index[0].start or 0) for index in index_map.values() if index is not None})
     if rows != list(range(rows[0], rows[0] + len(rows))):
-        raise ValueError(f"the batch rows of process {jax.process_index()} ({rows}) are not contiguous on the mesh "
-                         f"{dict(mesh.shape)}; order the mesh's devices by process (parallel.make_mesh does).")
+        raise ValueError(
+            f"the batch rows of process {jax.process_index()} ({rows}) are not contiguous on the mesh "
+            f"{dict(mesh.shape)}; order the mesh's devices by process (parallel.make_mesh does)."
+        )
     count = shards // len(rows)
     return rows[0] // len(rows), count
 
@@ -270,12 +282,11 @@ def local_rows(batch: Mapping[str, np.ndarray], shard_index: int, shard_count: i
         if rows % shard_count:
             raise ValueError(f"batch[{name!r}] has {rows} rows, not a multiple of the {shard_count} data shards.")
         size = rows // shard_count
-        out[name] = value[shard_index * size:(shard_index + 1) * size]
+        out[name] = value[shard_index * size : (shard_index + 1) * size]
     return out
 
 
-def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh,
-                 rules: Rules = DEFAULT_RULES) -> dict:
+def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh, rules: Rules = DEFAULT_RULES) -> dict:
     """This process's rows (from `data_shard`) -> global jax.Arrays sharded over the batch axes.
 
     Every process must call it with the same shapes.
@@ -287,7 +298,9 @@ def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh,
         try:
             out[name] = jax.make_array_from_process_local_data(sharding, value)
         except ValueError as error:
-            raise ValueError(f"batch[{name!r}] of local shape {value.shape} does not fit the batch sharding "
-                             f"{sharding.spec} over {dict(mesh.shape)} on process {jax.process_index()} "
-                             f"of {jax.process_count()}: {error}") from error
+            raise ValueError(
+                f"batch[{name!r}] of local shape {value.shape} does not fit the batch sharding "
+                f"{sharding.spec} over {dict(mesh.shape)} on process {jax.process_index()} "
+                f"of {jax.process_count()}: {error}"
+            ) from error
     return out

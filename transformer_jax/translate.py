@@ -1,7 +1,7 @@
 """Translating text with a trained model: length-batched, order-preserving, greedy or beam search.
 
-    translator = Translator.from_workdir("runs/tiny", checkpoint="averaged")
-    translator.translate(["three small red cats"])      # -> ["drei kleine rote Katzen"]
+translator = Translator.from_workdir("runs/tiny", checkpoint="averaged")
+translator.translate(["three small red cats"])      # -> ["drei kleine rote Katzen"]
 """
 
 from __future__ import annotations
@@ -44,9 +44,18 @@ class InputTooLongError(ValueError):
 class Translator:
     """Translates lines with a (model config, params, tokenizer) triple; outputs come back in input order."""
 
-    def __init__(self, model_config: ModelConfig, params, tokenizer, *, decode_config: DecodeConfig | None = None,
-                 method: str = "beam", batch_size: int = 32, max_tokens: int | None = None,
-                 on_too_long: str = "truncate"):
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        params,
+        tokenizer,
+        *,
+        decode_config: DecodeConfig | None = None,
+        method: str = "beam",
+        batch_size: int = 32,
+        max_tokens: int | None = None,
+        on_too_long: str = "truncate",
+    ):
         """batch_size: sentences decoded together; max_tokens (instead): padded source tokens per batch."""
         if method not in METHODS:
             raise ValueError(f"method={method!r} is unknown; use one of {METHODS}.")
@@ -74,10 +83,11 @@ class Translator:
         ids = self.tokenizer.encode(line) + [self.model_config.eos_id]
         limit = self.model_config.max_len
         if len(ids) > limit:
-            message = (f"input line {line_number} has {len(ids)} tokens, more than the model's max_len={limit}")
+            message = f"input line {line_number} has {len(ids)} tokens, more than the model's max_len={limit}"
             if self.on_too_long == "error":
-                raise InputTooLongError(message + "; shorten it, or allow truncation (--on-too-long truncate).",
-                                        line_number)
+                raise InputTooLongError(
+                    message + "; shorten it, or allow truncation (--on-too-long truncate).", line_number
+                )
             logger.warning("%s; truncated to %d tokens.", message, limit)
             ids = ids[: limit - 1] + [self.model_config.eos_id]
         return ids
@@ -86,8 +96,9 @@ class Translator:
         """Translations of `lines`, in order; an empty (or blank) line gives an empty line."""
         return [hypotheses[0].text for hypotheses in self.translate_nbest(lines, progress=progress)]
 
-    def translate_nbest(self, lines: Sequence[str], *, nbest: int = 1, progress: bool = False,
-                        first_line: int = 1) -> list[list[Hypothesis]]:
+    def translate_nbest(
+        self, lines: Sequence[str], *, nbest: int = 1, progress: bool = False, first_line: int = 1
+    ) -> list[list[Hypothesis]]:
         """The `nbest` best hypotheses of each line, best first, with scores (beam: log P / lp(|Y|), §6.1;
         greedy: log P, one hypothesis). A blank line gives one empty hypothesis with score 0. Messages number
         the lines from `first_line`."""
@@ -95,12 +106,14 @@ class Translator:
         if not 1 <= nbest <= limit:
             why = "greedy decoding keeps one hypothesis" if self.method == "greedy" else "the beam size"
             raise ValueError(f"nbest={nbest} must lie in [1, {limit}] ({why}); raise --beam-size for more.")
-        sources = {index: self.encode_source(line, number)  # line index -> ids, blank lines left out
-                   for index, (number, line) in enumerate(enumerate(lines, start=first_line)) if line.strip()}
+        sources = {
+            index: self.encode_source(line, number)  # line index -> ids, blank lines left out
+            for index, (number, line) in enumerate(enumerate(lines, start=first_line))
+            if line.strip()
+        }
         outputs = [[Hypothesis("", 0.0)] for _ in lines]
         order = sorted(sources, key=lambda index: len(sources[index]))
-        bar = tqdm(total=len(order), unit="sent", disable=not progress, desc=f"{self.method} decode",
-                   leave=False)
+        bar = tqdm(total=len(order), unit="sent", disable=not progress, desc=f"{self.method} decode", leave=False)
         for batch_indices in self._batches(order, sources):
             decoded = self._decode_batch([sources[i] for i in batch_indices], nbest)
             for index, hypotheses in zip(batch_indices, decoded):
@@ -109,14 +122,16 @@ class Translator:
         bar.close()
         return outputs
 
-    def translate_stream(self, lines: Iterable[str], *, chunk_lines: int = 1000, nbest: int = 1,
-                         progress: bool = False) -> Iterator[tuple[str, list[Hypothesis]]]:
+    def translate_stream(
+        self, lines: Iterable[str], *, chunk_lines: int = 1000, nbest: int = 1, progress: bool = False
+    ) -> Iterator[tuple[str, list[Hypothesis]]]:
         """(source line, n-best hypotheses) chunk by chunk (length-batched within each chunk), in input order."""
+
         def translated(chunk: list[str], first: int):
             try:
                 results = self.translate_nbest(chunk, nbest=nbest, progress=progress, first_line=first)
             except InputTooLongError as error:  # refused line: the lines before it still come out, then the error
-                before = chunk[:error.line_number - first]
+                before = chunk[: error.line_number - first]
                 yield from zip(before, self.translate_nbest(before, nbest=nbest, progress=progress, first_line=first))
                 raise
             yield from zip(chunk, results)
@@ -158,13 +173,19 @@ class Translator:
         inputs = np.full((self._rows(width), width), cfg.pad_id, np.int32)  # [rows, width]
         inputs[:, 0] = cfg.eos_id  # filler rows: an empty sentence
         for row, ids in enumerate(sources):
-            inputs[row, :len(ids)] = ids
+            inputs[row, : len(ids)] = ids
         if self.method == "greedy":
-            tokens, _, log_probs = greedy_decode(self.model, self.params, inputs, config=self.decode_config,
-                                                 return_log_probs=True)
+            tokens, _, log_probs = greedy_decode(
+                self.model, self.params, inputs, config=self.decode_config, return_log_probs=True
+            )
             sequences, scores = np.asarray(tokens)[:, None], np.asarray(log_probs)[:, None]  # [rows, 1, ...]
         else:
             sequences, scores = beam_search(self.model, self.params, inputs, config=self.decode_config)
             sequences, scores = np.asarray(sequences), np.asarray(scores)  # [rows, beam, length], [rows, beam]
-        return [[Hypothesis(self.tokenizer.decode(sequences[row, rank].tolist()), float(scores[row, rank]))
-                 for rank in range(nbest)] for row in range(len(sources))]
+        return [
+            [
+                Hypothesis(self.tokenizer.decode(sequences[row, rank].tolist()), float(scores[row, rank]))
+                for rank in range(nbest)
+            ]
+            for row in range(len(sources))
+        ]

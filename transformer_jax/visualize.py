@@ -29,8 +29,9 @@ def attention_maps(model: Transformer, params, inputs, decoder_inputs) -> dict[s
     return maps
 
 
-def plot_attention(weights: np.ndarray, query_labels: Sequence[str], key_labels: Sequence[str], path: str | Path,
-                   title: str = "") -> Path:
+def plot_attention(
+    weights: np.ndarray, query_labels: Sequence[str], key_labels: Sequence[str], path: str | Path, title: str = ""
+) -> Path:
     """One heatmap per head: weights [heads, q_len, kv_len] (or [q_len, kv_len]); rows are queries."""
     weights = np.asarray(weights)
     weights = weights[None] if weights.ndim == 2 else weights
@@ -38,8 +39,12 @@ def plot_attention(weights: np.ndarray, query_labels: Sequence[str], key_labels:
     columns = min(heads, 4)
     rows = -(-heads // columns)
     cell = 0.35
-    figure, axes = plt.subplots(rows, columns, squeeze=False, figsize=(
-        max(3.0, columns * (1.5 + cell * len(key_labels))), max(2.5, rows * (1.0 + cell * len(query_labels)))))
+    figure, axes = plt.subplots(
+        rows,
+        columns,
+        squeeze=False,
+        figsize=(max(3.0, columns * (1.5 + cell * len(key_labels))), max(2.5, rows * (1.0 + cell * len(query_labels)))),
+    )
     for head, axis in enumerate(axes.flat):
         if head >= heads:
             axis.axis("off")

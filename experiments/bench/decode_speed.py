@@ -31,8 +31,9 @@ from transformer_jax.model import Transformer
 MODELS = {
     "tiny": lambda: config_lib.tiny(dropout_rate=0.0),
     # between tiny and base, for machines where base is slow: half width, half depth
-    "small": lambda: config_lib.base(d_model=256, num_heads=4, d_ff=1024, num_encoder_layers=3,
-                                     num_decoder_layers=3, dropout_rate=0.0),
+    "small": lambda: config_lib.base(
+        d_model=256, num_heads=4, d_ff=1024, num_encoder_layers=3, num_decoder_layers=3, dropout_rate=0.0
+    ),
     "base": lambda: config_lib.base(dropout_rate=0.0),
 }
 NEVER = -1  # an EOS id no step can produce: every run decodes exactly max_decode_len tokens
@@ -47,8 +48,15 @@ def decode(model, params, inputs, *, length: int, cached: bool):
         cache = init_cache(model, params, encoded, inputs, length)
     else:
         step_fn, cache = uncached_step_fn(model, params, encoded, inputs, length, cfg.pad_id)
-    tokens, _, _ = greedy_search(step_fn, cache, batch_size=inputs.shape[0], max_decode_len=length,
-                                 bos_id=cfg.bos_id, eos_id=NEVER, pad_id=cfg.pad_id)
+    tokens, _, _ = greedy_search(
+        step_fn,
+        cache,
+        batch_size=inputs.shape[0],
+        max_decode_len=length,
+        bos_id=cfg.bos_id,
+        eos_id=NEVER,
+        pad_id=cfg.pad_id,
+    )
     return tokens
 
 
@@ -71,16 +79,24 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--src-len", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--uncached-max", type=int, default=None,
-                        help="skip the (slow) uncached runs above this many tokens; their fields are null")
-    parser.add_argument("--out", default=None, help="JSON path (default experiments/bench/results/decode_speed_<time>.json)")
+    parser.add_argument(
+        "--uncached-max",
+        type=int,
+        default=None,
+        help="skip the (slow) uncached runs above this many tokens; their fields are null",
+    )
+    parser.add_argument(
+        "--out", default=None, help="JSON path (default experiments/bench/results/decode_speed_<time>.json)"
+    )
     args = parser.parse_args(argv)
 
     lengths = [int(n) for n in args.lengths.split(",")]
     rows = []
     print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}  batch={args.batch} src_len={args.src_len}")
-    print(f"{'model':6} {'tokens':>6} {'cached s':>9} {'uncached s':>10} {'speed-up':>8} {'cached tok/s':>12} "
-          f"{'compile c/u s':>13}")
+    print(
+        f"{'model':6} {'tokens':>6} {'cached s':>9} {'uncached s':>10} {'speed-up':>8} {'cached tok/s':>12} "
+        f"{'compile c/u s':>13}"
+    )
     for name in args.models.split(","):
         cfg = MODELS[name]()
         if max(lengths) > cfg.max_len:
@@ -97,7 +113,8 @@ def main(argv=None):
                     result.update(uncached_s=None, uncached_compile_s=None, uncached_tokens_per_s=None)
                     continue
                 compile_s, run_s = time_call(
-                    lambda: decode(model, params, inputs, length=length, cached=cached), args.repeats)
+                    lambda: decode(model, params, inputs, length=length, cached=cached), args.repeats
+                )
                 key = "cached" if cached else "uncached"
                 result[f"{key}_s"], result[f"{key}_compile_s"] = run_s, compile_s
                 result[f"{key}_tokens_per_s"] = args.batch * length / run_s
@@ -105,16 +122,30 @@ def main(argv=None):
             result["speedup"] = None if uncached is None else uncached / result["cached_s"]
             rows.append(result)
             show = lambda value, spec: "-" if value is None else format(value, spec)
-            print(f"{name:6} {length:6d} {result['cached_s']:9.3f} {show(uncached, '10.3f'):>10} "
-                  f"{show(result['speedup'], '7.2f'):>7}x {result['cached_tokens_per_s']:12.0f} "
-                  f"{result['cached_compile_s']:6.1f}/{show(result['uncached_compile_s'], '.1f'):<6}", flush=True)
+            print(
+                f"{name:6} {length:6d} {result['cached_s']:9.3f} {show(uncached, '10.3f'):>10} "
+                f"{show(result['speedup'], '7.2f'):>7}x {result['cached_tokens_per_s']:12.0f} "
+                f"{result['cached_compile_s']:6.1f}/{show(result['uncached_compile_s'], '.1f'):<6}",
+                flush=True,
+            )
 
-    out = args.out or os.path.join(os.path.dirname(__file__), "results",
-                                   f"decode_speed_{datetime.datetime.now():%Y%m%d_%H%M%S}.json")
+    out = args.out or os.path.join(
+        os.path.dirname(__file__), "results", f"decode_speed_{datetime.datetime.now():%Y%m%d_%H%M%S}.json"
+    )
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
-        json.dump({"jax": jax.__version__, "device": jax.devices()[0].device_kind, "platform": platform.platform(),
-                   "devices": jax.device_count(), "args": vars(args), "rows": rows}, f, indent=2)
+        json.dump(
+            {
+                "jax": jax.__version__,
+                "device": jax.devices()[0].device_kind,
+                "platform": platform.platform(),
+                "devices": jax.device_count(),
+                "args": vars(args),
+                "rows": rows,
+            },
+            f,
+            indent=2,
+        )
     print(f"wrote {out}")
 
 

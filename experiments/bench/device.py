@@ -27,8 +27,18 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "device.json"
 
 # Dense bfloat16 peak TFLOP/s per chip (vendor figures, without sparsity).
 PEAK_TFLOPS = {
-    "H200": 989.0, "H100": 989.0, "A100": 312.0, "L4": 121.0, "A10": 125.0, "V100": 125.0, "T4": 65.0,
-    "TPU v4": 275.0, "TPU v5 lite": 197.0, "TPU v5e": 197.0, "TPU v5p": 459.0, "TPU v6 lite": 918.0,
+    "H200": 989.0,
+    "H100": 989.0,
+    "A100": 312.0,
+    "L4": 121.0,
+    "A10": 125.0,
+    "V100": 125.0,
+    "T4": 65.0,
+    "TPU v4": 275.0,
+    "TPU v5 lite": 197.0,
+    "TPU v5e": 197.0,
+    "TPU v5p": 459.0,
+    "TPU v6 lite": 918.0,
     "TPU v6e": 918.0,
 }
 
@@ -72,9 +82,16 @@ def main(argv=None) -> dict:
     kind = devices[0].device_kind
     peak = peak_tflops(kind)
     mesh = parallel.make_mesh()
-    report = {"backend": jax.default_backend(), "device_kind": kind, "devices": len(devices),
-              "peak_tflops_per_device": peak, "jax": jax.__version__, "python": platform.python_version(),
-              "smoke": args.smoke, "results": []}
+    report = {
+        "backend": jax.default_backend(),
+        "device_kind": kind,
+        "devices": len(devices),
+        "peak_tflops_per_device": peak,
+        "jax": jax.__version__,
+        "python": platform.python_version(),
+        "smoke": args.smoke,
+        "results": [],
+    }
     print(f"{len(devices)} x {kind} ({report['backend']}), peak {peak or '?'} TFLOP/s bf16 each", flush=True)
 
     def timed(fn, repeats):
@@ -86,8 +103,9 @@ def main(argv=None) -> dict:
 
     for name in args.models.split(","):
         vocab = 512 if args.smoke else 37000
-        cfg = presets.PRESETS[name](vocab_size=vocab, dtype="bfloat16", dropout_rate=0.1,
-                                    max_len=max(args.length, args.decode_len * 2 + 8))
+        cfg = presets.PRESETS[name](
+            vocab_size=vocab, dtype="bfloat16", dropout_rate=0.1, max_len=max(args.length, args.decode_len * 2 + 8)
+        )
         rows = max(len(devices), args.tokens // args.length // len(devices) * len(devices))
         batch = parallel.global_batch(synthetic_batch(cfg, rows, args.length), mesh, parallel.DEFAULT_RULES)
         library_step = LibraryStep(cfg, mesh)
@@ -100,22 +118,35 @@ def main(argv=None) -> dict:
         first = time.perf_counter() - start
         seconds = timed(train_once, args.steps)
         flops = 3 * forward_flops(cfg, batch=rows, src_len=args.length, tgt_len=args.length)["total"]
-        row = {"model": name, "rows": rows, "length": args.length, "first_step_s": first, "step_s": seconds,
-               "tokens_per_s": 2 * rows * args.length / seconds, "tflops": flops / seconds / 1e12,
-               "param_dtype": str(jnp.dtype(cfg.param_dtype)), "compute_dtype": str(jnp.dtype(cfg.dtype))}
+        row = {
+            "model": name,
+            "rows": rows,
+            "length": args.length,
+            "first_step_s": first,
+            "step_s": seconds,
+            "tokens_per_s": 2 * rows * args.length / seconds,
+            "tflops": flops / seconds / 1e12,
+            "param_dtype": str(jnp.dtype(cfg.param_dtype)),
+            "compute_dtype": str(jnp.dtype(cfg.dtype)),
+        }
         row["mfu"] = row["tflops"] / (peak * len(devices)) if peak else None
         params = jax.device_get(library_step.state.params)
         model = Transformer(cfg.replace(dropout_rate=0.0))
         sources = jnp.asarray(synthetic_batch(cfg, args.decode_batch, args.decode_len, seed=1)["inputs"])
         greedy_s = timed(lambda: jax.block_until_ready(greedy_decode(model, params, sources)), 2)
         beam_s = timed(lambda: jax.block_until_ready(beam_search(model, params, sources, beam_size=4, alpha=0.6)), 2)
-        row.update(greedy_sentences_per_s=args.decode_batch / greedy_s, beam4_sentences_per_s=args.decode_batch / beam_s)
+        row.update(
+            greedy_sentences_per_s=args.decode_batch / greedy_s, beam4_sentences_per_s=args.decode_batch / beam_s
+        )
         report["results"].append(row)
         mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "n/a"
-        print(f"{name}: {rows}x{args.length}+{args.length} tokens, {seconds * 1e3:.1f} ms/step, "
-              f"{row['tokens_per_s']:,.0f} tokens/s, {row['tflops']:.1f} TFLOP/s, MFU {mfu}, first step "
-              f"{first:.1f} s; greedy {row['greedy_sentences_per_s']:.1f} sent/s, beam 4 "
-              f"{row['beam4_sentences_per_s']:.1f} sent/s", flush=True)
+        print(
+            f"{name}: {rows}x{args.length}+{args.length} tokens, {seconds * 1e3:.1f} ms/step, "
+            f"{row['tokens_per_s']:,.0f} tokens/s, {row['tflops']:.1f} TFLOP/s, MFU {mfu}, first step "
+            f"{first:.1f} s; greedy {row['greedy_sentences_per_s']:.1f} sent/s, beam 4 "
+            f"{row['beam4_sentences_per_s']:.1f} sent/s",
+            flush=True,
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")

@@ -34,12 +34,21 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "jax_vs_torch.json"
 
 # name: (ModelConfig overrides of base(), sentences per batch, source = target length)
 SHAPES = {
-    "tiny": (dict(d_model=128, num_heads=4, d_ff=512, num_encoder_layers=2, num_decoder_layers=2,
-                  vocab_size=1000), 32, 64),
-    "m30k": (dict(d_model=256, num_heads=4, d_ff=1024, num_encoder_layers=3, num_decoder_layers=3,
-                  vocab_size=8000), 128, 32),
-    "small": (dict(d_model=128, num_heads=4, d_ff=256, num_encoder_layers=4, num_decoder_layers=4,
-                   vocab_size=8000), 128, 32),
+    "tiny": (
+        dict(d_model=128, num_heads=4, d_ff=512, num_encoder_layers=2, num_decoder_layers=2, vocab_size=1000),
+        32,
+        64,
+    ),
+    "m30k": (
+        dict(d_model=256, num_heads=4, d_ff=1024, num_encoder_layers=3, num_decoder_layers=3, vocab_size=8000),
+        128,
+        32,
+    ),
+    "small": (
+        dict(d_model=128, num_heads=4, d_ff=256, num_encoder_layers=4, num_decoder_layers=4, vocab_size=8000),
+        128,
+        32,
+    ),
     "base": (dict(vocab_size=37000), 64, 32),
 }
 
@@ -50,10 +59,12 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=5, help="timed steps after two warm-up steps")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for both frameworks")
     parser.add_argument("--dropout", type=float, default=0.1, help="dropout_rate of the model (§5.4)")
-    parser.add_argument("--dropout-prng", default=None,
-                        help="train.dropout_prng of the JAX step (default: the experiment default)")
-    parser.add_argument("--bf16", action="store_true",
-                        help="also time bfloat16 compute (float32 parameters; torch: CPU autocast)")
+    parser.add_argument(
+        "--dropout-prng", default=None, help="train.dropout_prng of the JAX step (default: the experiment default)"
+    )
+    parser.add_argument(
+        "--bf16", action="store_true", help="also time bfloat16 compute (float32 parameters; torch: CPU autocast)"
+    )
     parser.add_argument("--compile", action="store_true", help="also time torch.compile (minutes on 2 cores)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT})")
     return parser.parse_args(argv)
@@ -62,8 +73,10 @@ def parse_args(argv=None):
 def set_threads(threads: int) -> None:
     """Before jax is imported: one thread count for XLA's CPU backend."""
     flags = os.environ.get("XLA_FLAGS", "")
-    os.environ["XLA_FLAGS"] = (flags + f" --xla_cpu_multi_thread_eigen={'true' if threads > 1 else 'false'} "
-                               f"intra_op_parallelism_threads={threads}").strip()
+    os.environ["XLA_FLAGS"] = (
+        flags + f" --xla_cpu_multi_thread_eigen={'true' if threads > 1 else 'false'} "
+        f"intra_op_parallelism_threads={threads}"
+    ).strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
@@ -102,8 +115,10 @@ def main(argv=None) -> dict:
         a = jnp.ones((n, n), jnp.float32)
         jax_mm = jax.jit(jnp.matmul)
         t = torch.ones(n, n)
-        return {"jax": 2 * n ** 3 / timed(lambda: jax_mm(a, a).block_until_ready(), 10) / 1e9,
-                "torch": 2 * n ** 3 / timed(lambda: t @ t, 10) / 1e9}
+        return {
+            "jax": 2 * n**3 / timed(lambda: jax_mm(a, a).block_until_ready(), 10) / 1e9,
+            "torch": 2 * n**3 / timed(lambda: t @ t, 10) / 1e9,
+        }
 
     def jax_step_seconds(cfg, batch) -> tuple[float, float]:
         library_step = LibraryStep(cfg, mesh, args.dropout_prng)
@@ -121,14 +136,17 @@ def main(argv=None) -> dict:
         model.load_state_dict(interop.flax_to_torch_state_dict(params, cfg))
         model.train()
         forward = torch.compile(model) if compiled else model
-        adam = torch.optim.Adam(model.parameters(), lr=1.0, betas=(optimizer_cfg.adam_b1, optimizer_cfg.adam_b2),
-                                eps=optimizer_cfg.adam_eps)
+        adam = torch.optim.Adam(
+            model.parameters(), lr=1.0, betas=(optimizer_cfg.adam_b1, optimizer_cfg.adam_b2), eps=optimizer_cfg.adam_eps
+        )
         warmup, scale = optimizer_cfg.warmup_steps, optimizer_cfg.lr_scale
         schedule = torch.optim.lr_scheduler.LambdaLR(
-            adam, lambda e: scale * cfg.d_model ** -0.5 * min((e + 1) ** -0.5, (e + 1) * warmup ** -1.5))
+            adam, lambda e: scale * cfg.d_model**-0.5 * min((e + 1) ** -0.5, (e + 1) * warmup**-1.5)
+        )
         criterion = torch.nn.CrossEntropyLoss(label_smoothing=train_cfg.label_smoothing, ignore_index=cfg.pad_id)
-        src, tgt_in, tgt = (torch.as_tensor(batch[k], dtype=torch.long)
-                            for k in ("inputs", "decoder_inputs", "targets"))
+        src, tgt_in, tgt = (
+            torch.as_tensor(batch[k], dtype=torch.long) for k in ("inputs", "decoder_inputs", "targets")
+        )
 
         def one():
             adam.zero_grad(set_to_none=True)
@@ -142,11 +160,19 @@ def main(argv=None) -> dict:
 
         return timed(one, args.steps)
 
-    report = {"threads": args.threads, "jax": jax.__version__, "torch": torch.__version__,
-              "python": platform.python_version(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
-              "xla_flags": os.environ.get("XLA_FLAGS"), "load_average_at_start": os.getloadavg(),
-              "dropout_rate": args.dropout,
-              "dropout_prng": args.dropout_prng or train_cfg.dropout_prng, "steps": args.steps}
+    report = {
+        "threads": args.threads,
+        "jax": jax.__version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "xla_flags": os.environ.get("XLA_FLAGS"),
+        "load_average_at_start": os.getloadavg(),
+        "dropout_rate": args.dropout,
+        "dropout_prng": args.dropout_prng or train_cfg.dropout_prng,
+        "steps": args.steps,
+    }
     report["matmul_gflops"] = matmul_gflops()
     report["results"] = []
     for name in args.shapes.split(","):
@@ -158,11 +184,18 @@ def main(argv=None) -> dict:
             batch = synthetic_batch(cfg, rows, length)
             flops = 3 * forward_flops(cfg, batch=rows, src_len=length, tgt_len=length)["total"]
             tokens = 2 * rows * length
-            row = {"shape": name, "dtype": dtype, "rows": rows, "length": length, "tokens_per_step": tokens,
-                   "train_gflop_per_step": flops / 1e9}
+            row = {
+                "shape": name,
+                "dtype": dtype,
+                "rows": rows,
+                "length": length,
+                "tokens_per_step": tokens,
+                "train_gflop_per_step": flops / 1e9,
+            }
             jax_s, first = jax_step_seconds(cfg, batch)
-            params = jax.device_get(create_train_state(cfg, make_optimizer(optimizer_cfg, cfg.d_model)[0], 0,
-                                                       mesh)[0].params)
+            params = jax.device_get(
+                create_train_state(cfg, make_optimizer(optimizer_cfg, cfg.d_model)[0], 0, mesh)[0].params
+            )
             runs = {"jax": jax_s, "torch_eager": torch_step_seconds(cfg, params, batch, dtype == "bfloat16", False)}
             if args.compile:
                 try:
@@ -171,8 +204,12 @@ def main(argv=None) -> dict:
                     row["torch_compile_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
             for framework, seconds in runs.items():
                 ceiling = report["matmul_gflops"]["jax" if framework == "jax" else "torch"]
-                row[framework] = {"step_s": seconds, "tokens_per_s": tokens / seconds,
-                                  "gflops": flops / seconds / 1e9, "of_matmul": flops / seconds / 1e9 / ceiling}
+                row[framework] = {
+                    "step_s": seconds,
+                    "tokens_per_s": tokens / seconds,
+                    "gflops": flops / seconds / 1e9,
+                    "of_matmul": flops / seconds / 1e9 / ceiling,
+                }
             row["jax"]["first_step_s"] = first
             row["jax_over_torch_eager"] = runs["torch_eager"] / runs["jax"]
             report["results"].append(row)
@@ -186,23 +223,33 @@ def main(argv=None) -> dict:
 
 
 def print_row(row: dict) -> None:
-    print(f"  {row['shape']} {row['dtype']}: JAX {row['jax']['step_s']:.3f} s/step, torch eager "
-          f"{row['torch_eager']['step_s']:.3f} s/step", file=sys.stderr, flush=True)
+    print(
+        f"  {row['shape']} {row['dtype']}: JAX {row['jax']['step_s']:.3f} s/step, torch eager "
+        f"{row['torch_eager']['step_s']:.3f} s/step",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def print_table(report: dict) -> None:
     mm = report["matmul_gflops"]
-    print(f"\nthreads={report['threads']}  jax {report['jax']}  torch {report['torch']}  load average "
-          f"{report['load_average_at_start'][0]:.2f} -> {report['load_average_at_end'][0]:.2f}  "
-          f"matmul 2048^2 float32: JAX {mm['jax']:.0f} GFLOP/s, torch {mm['torch']:.0f} GFLOP/s")
-    print(f"{'shape':<6} {'dtype':<9} {'batch':>8} {'JAX tok/s':>10} {'torch tok/s':>11} {'JAX/torch':>9} "
-          f"{'JAX GFLOP/s':>11} {'of matmul':>9} {'torch GFLOP/s':>13} {'compile tok/s':>13}")
+    print(
+        f"\nthreads={report['threads']}  jax {report['jax']}  torch {report['torch']}  load average "
+        f"{report['load_average_at_start'][0]:.2f} -> {report['load_average_at_end'][0]:.2f}  "
+        f"matmul 2048^2 float32: JAX {mm['jax']:.0f} GFLOP/s, torch {mm['torch']:.0f} GFLOP/s"
+    )
+    print(
+        f"{'shape':<6} {'dtype':<9} {'batch':>8} {'JAX tok/s':>10} {'torch tok/s':>11} {'JAX/torch':>9} "
+        f"{'JAX GFLOP/s':>11} {'of matmul':>9} {'torch GFLOP/s':>13} {'compile tok/s':>13}"
+    )
     for r in report["results"]:
         compiled = f"{r['torch_compile']['tokens_per_s']:,.0f}" if "torch_compile" in r else "-"
-        print(f"{r['shape']:<6} {r['dtype']:<9} {r['rows']:>4}x{r['length']:<3} {r['jax']['tokens_per_s']:>10,.0f} "
-              f"{r['torch_eager']['tokens_per_s']:>11,.0f} {r['jax_over_torch_eager']:>9.2f} "
-              f"{r['jax']['gflops']:>11.0f} {r['jax']['of_matmul']:>9.0%} {r['torch_eager']['gflops']:>13.0f} "
-              f"{compiled:>13}")
+        print(
+            f"{r['shape']:<6} {r['dtype']:<9} {r['rows']:>4}x{r['length']:<3} {r['jax']['tokens_per_s']:>10,.0f} "
+            f"{r['torch_eager']['tokens_per_s']:>11,.0f} {r['jax_over_torch_eager']:>9.2f} "
+            f"{r['jax']['gflops']:>11.0f} {r['jax']['of_matmul']:>9.0%} {r['torch_eager']['gflops']:>13.0f} "
+            f"{compiled:>13}"
+        )
 
 
 if __name__ == "__main__":

@@ -12,8 +12,11 @@ def synthetic_batch(cfg, rows: int, length: int, seed: int = 0) -> dict:
 
     rng = np.random.default_rng(seed)
     targets = rng.integers(3, cfg.vocab_size, (rows, length)).astype(np.int32)  # [rows, length]
-    return {"inputs": rng.integers(3, cfg.vocab_size, (rows, length)).astype(np.int32), "targets": targets,
-            "decoder_inputs": np.concatenate([np.full((rows, 1), cfg.bos_id, np.int32), targets[:, :-1]], 1)}
+    return {
+        "inputs": rng.integers(3, cfg.vocab_size, (rows, length)).astype(np.int32),
+        "targets": targets,
+        "decoder_inputs": np.concatenate([np.full((rows, 1), cfg.bos_id, np.int32), targets[:, :-1]], 1),
+    }
 
 
 class LibraryStep:
@@ -34,10 +37,17 @@ class LibraryStep:
         train_cfg = TrainConfig()
         tx, schedule = make_optimizer(OptimizerConfig(), cfg.d_model)
         self.state, shardings, _ = create_train_state(cfg, tx, 0, mesh)
-        self.step = jit_train_step(make_train_step(Transformer(cfg), tx, schedule,
-                                                   label_smoothing=train_cfg.label_smoothing,
-                                                   dropout_prng=dropout_prng or train_cfg.dropout_prng),
-                                   shardings, mesh)
+        self.step = jit_train_step(
+            make_train_step(
+                Transformer(cfg),
+                tx,
+                schedule,
+                label_smoothing=train_cfg.label_smoothing,
+                dropout_prng=dropout_prng or train_cfg.dropout_prng,
+            ),
+            shardings,
+            mesh,
+        )
 
     def run(self, batch) -> None:
         import jax

@@ -35,14 +35,30 @@ RESULTS = Path(__file__).resolve().parent / "results"
 GROUPS = (
     ("dropout bits (PRNG)", lambda text, source, _: "rng" in source or "threefry" in source),
     ("output projection (vocab matmul)", lambda text, source, _: "attend" in source and "dot" in text),
-    ("loss: log-softmax, its gradient", lambda text, source, vocab: f",{vocab}]" in text.split("\n")[0]
-     or "cross_entropy" in source or "_token_losses" in source),
-    ("attention scores, softmax, values", lambda text, source, _: "bqhd,bkhd" in source or "bhqk" in source
-     or "softmax" in source or "attention_weights" in source or "read_values" in source),
+    (
+        "loss: log-softmax, its gradient",
+        lambda text, source, vocab: (
+            f",{vocab}]" in text.split("\n")[0] or "cross_entropy" in source or "_token_losses" in source
+        ),
+    ),
+    (
+        "attention scores, softmax, values",
+        lambda text, source, _: (
+            "bqhd,bkhd" in source
+            or "bhqk" in source
+            or "softmax" in source
+            or "attention_weights" in source
+            or "read_values" in source
+        ),
+    ),
     ("projections and FFN matmuls", lambda text, source, _: "dot(" in text or "ynn_fusion" in text),
     ("LayerNorm", lambda text, source, _: "LayerNorm" in source or "_norm" in source),
-    ("Adam update", lambda text, source, _: "adam" in source.lower() or "apply_updates" in source
-     or "tree.norm" in source or "sqrt" in text),
+    (
+        "Adam update",
+        lambda text, source, _: (
+            "adam" in source.lower() or "apply_updates" in source or "tree.norm" in source or "sqrt" in text
+        ),
+    ),
     ("copies / transposes", lambda text, source, _: "copy" in text or "transpose" in text),
 )
 
@@ -109,8 +125,12 @@ def profile_jax(cfg, batch, steps: int) -> dict:
         text, source = instructions[name]
         groups[group_of(text, source, cfg.vocab_size)] += ms
         sources[re.sub(r"layer_\d+", "layer_#", source.replace("jit(train_step)/", ""))[:120]] += ms
-    return {"step_ms": wall * 1e3, "op_ms": sum(per_op.values()), "groups_ms": dict(groups.most_common()),
-            "top_sources_ms": dict(sources.most_common(25))}
+    return {
+        "step_ms": wall * 1e3,
+        "op_ms": sum(per_op.values()),
+        "groups_ms": dict(groups.most_common()),
+        "top_sources_ms": dict(sources.most_common(25)),
+    }
 
 
 def profile_torch(cfg, batch, steps: int) -> dict:
@@ -125,13 +145,15 @@ def profile_torch(cfg, batch, steps: int) -> dict:
     from transformer_jax.train.state import create_train_state
 
     train_cfg, optimizer_cfg = TrainConfig(), OptimizerConfig()
-    params = jax.device_get(create_train_state(cfg, make_optimizer(optimizer_cfg, cfg.d_model)[0], 0,
-                                               parallel.make_mesh())[0].params)
+    params = jax.device_get(
+        create_train_state(cfg, make_optimizer(optimizer_cfg, cfg.d_model)[0], 0, parallel.make_mesh())[0].params
+    )
     model = interop.TorchTransformer(cfg)
     model.load_state_dict(interop.flax_to_torch_state_dict(params, cfg))
     model.train()
-    adam = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(optimizer_cfg.adam_b1, optimizer_cfg.adam_b2),
-                            eps=optimizer_cfg.adam_eps)
+    adam = torch.optim.Adam(
+        model.parameters(), lr=1e-4, betas=(optimizer_cfg.adam_b1, optimizer_cfg.adam_b2), eps=optimizer_cfg.adam_eps
+    )
     criterion = torch.nn.CrossEntropyLoss(label_smoothing=train_cfg.label_smoothing, ignore_index=cfg.pad_id)
     src, tgt_in, tgt = (torch.as_tensor(batch[k], dtype=torch.long) for k in ("inputs", "decoder_inputs", "targets"))
 
@@ -152,8 +174,7 @@ def profile_torch(cfg, batch, steps: int) -> dict:
         for _ in range(steps):
             one()
     rows = sorted(prof.key_averages(), key=lambda row: row.self_cpu_time_total, reverse=True)
-    return {"step_ms": wall * 1e3,
-            "top_ops_ms": {row.key: row.self_cpu_time_total / 1e3 / steps for row in rows[:25]}}
+    return {"step_ms": wall * 1e3, "top_ops_ms": {row.key: row.self_cpu_time_total / 1e3 / steps for row in rows[:25]}}
 
 
 def main(argv=None) -> dict:
@@ -174,10 +195,18 @@ def main(argv=None) -> dict:
     cfg = presets.base(**overrides, dropout_rate=0.1)
     rng = np.random.default_rng(0)
     targets = rng.integers(3, cfg.vocab_size, (rows, length)).astype(np.int32)  # [rows, length]
-    batch = {"inputs": rng.integers(3, cfg.vocab_size, (rows, length)).astype(np.int32), "targets": targets,
-             "decoder_inputs": np.concatenate([np.full((rows, 1), cfg.bos_id, np.int32), targets[:, :-1]], 1)}
-    report = {"shape": args.shape, "rows": rows, "length": length, "load_average": os.getloadavg(),
-              "jax": profile_jax(cfg, batch, args.steps)}
+    batch = {
+        "inputs": rng.integers(3, cfg.vocab_size, (rows, length)).astype(np.int32),
+        "targets": targets,
+        "decoder_inputs": np.concatenate([np.full((rows, 1), cfg.bos_id, np.int32), targets[:, :-1]], 1),
+    }
+    report = {
+        "shape": args.shape,
+        "rows": rows,
+        "length": length,
+        "load_average": os.getloadavg(),
+        "jax": profile_jax(cfg, batch, args.steps),
+    }
     if not args.no_torch:
         import torch
 
@@ -193,8 +222,10 @@ def main(argv=None) -> dict:
 
 def print_report(report: dict) -> None:
     jax_part = report["jax"]
-    print(f"{report['shape']} ({report['rows']}x{report['length']}+{report['length']}): JAX step "
-          f"{jax_part['step_ms']:.0f} ms (sum of op times {jax_part['op_ms']:.0f} ms)")
+    print(
+        f"{report['shape']} ({report['rows']}x{report['length']}+{report['length']}): JAX step "
+        f"{jax_part['step_ms']:.0f} ms (sum of op times {jax_part['op_ms']:.0f} ms)"
+    )
     for name, ms in jax_part["groups_ms"].items():
         print(f"  {name:<36} {ms:8.1f} ms  {ms / jax_part['op_ms']:6.1%}")
     print("  top sources:")

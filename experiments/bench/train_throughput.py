@@ -33,10 +33,17 @@ def main(argv=None) -> dict:
     from transformer_jax.train import loop
     from transformer_jax.train.progress import read_metrics
 
-    overrides = [("data.path", args.data), ("train.steps", str(args.updates)), ("train.max_minutes", "0"),
-                 ("train.eval_every", str(args.updates)), ("train.checkpoint_every", str(args.updates)),
-                 ("train.bleu_every", "0"), ("train.final_bleu", "none"), ("train.progress", "false"),
-                 ("train.log_every", "10")]
+    overrides = [
+        ("data.path", args.data),
+        ("train.steps", str(args.updates)),
+        ("train.max_minutes", "0"),
+        ("train.eval_every", str(args.updates)),
+        ("train.checkpoint_every", str(args.updates)),
+        ("train.bleu_every", "0"),
+        ("train.final_bleu", "none"),
+        ("train.progress", "false"),
+        ("train.log_every", "10"),
+    ]
     config = cli.load_experiment(args.config, overrides)
     with tempfile.TemporaryDirectory() as workdir:
         started = time.perf_counter()
@@ -47,9 +54,13 @@ def main(argv=None) -> dict:
     step_tokens_per_s = sum(row["tokens_per_sec"] for row in rows[1:]) / max(len(rows) - 1, 1)
     target_tokens = sum(row["tokens"] for row in rows)
     report = {
-        "config": args.config, "updates": args.updates, "load_average": os.getloadavg(),
-        "total_s": total_s, "time_to_first_step_s": summary["time_to_first_step"],
-        "timings": summary["timings"], "target_tokens": target_tokens,
+        "config": args.config,
+        "updates": args.updates,
+        "load_average": os.getloadavg(),
+        "total_s": total_s,
+        "time_to_first_step_s": summary["time_to_first_step"],
+        "timings": summary["timings"],
+        "target_tokens": target_tokens,
         "real_target_tokens_per_s_whole_command": target_tokens / total_s,
         "real_tokens_per_s_steps": step_tokens_per_s,
         "target_tokens_per_update": target_tokens / args.updates,
@@ -59,11 +70,13 @@ def main(argv=None) -> dict:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
-    print(f"{args.updates} updates of {Path(args.config).name}: {total_s:.0f} s in all (first step after "
-          f"{summary['time_to_first_step']:.1f} s); steps: {step_tokens_per_s:,.0f} real source+target tokens/s; "
-          f"whole command: {target_tokens / total_s:,.0f} real target tokens/s; batches "
-          f"{report['target_fill']:.0%} full ({report['target_tokens_per_update']:,.0f} real target tokens of "
-          f"{config.data.tokens_per_batch} slots)")
+    print(
+        f"{args.updates} updates of {Path(args.config).name}: {total_s:.0f} s in all (first step after "
+        f"{summary['time_to_first_step']:.1f} s); steps: {step_tokens_per_s:,.0f} real source+target tokens/s; "
+        f"whole command: {target_tokens / total_s:,.0f} real target tokens/s; batches "
+        f"{report['target_fill']:.0%} full ({report['target_tokens_per_update']:,.0f} real target tokens of "
+        f"{config.data.tokens_per_batch} slots)"
+    )
     print(f"wrote {args.out}")
     return report
 

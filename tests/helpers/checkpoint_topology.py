@@ -15,8 +15,9 @@ import os
 import sys
 
 args_devices = sys.argv[sys.argv.index("--devices") + 1] if "--devices" in sys.argv else "1"
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + f" --xla_force_host_platform_device_count={args_devices}").strip()
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args_devices}"
+).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import json  # noqa: E402

@@ -49,8 +49,13 @@ def synthetic_pairs(count: int = 64, vocab: int = 512, max_pieces: int = 11, see
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    return [(rng.integers(3, vocab, rng.integers(1, max_pieces + 1)).tolist(),
-             rng.integers(3, vocab, rng.integers(1, max_pieces + 1)).tolist()) for _ in range(count)]
+    return [
+        (
+            rng.integers(3, vocab, rng.integers(1, max_pieces + 1)).tolist(),
+            rng.integers(3, vocab, rng.integers(1, max_pieces + 1)).tolist(),
+        )
+        for _ in range(count)
+    ]
 
 
 def main():
@@ -64,8 +69,13 @@ def main():
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     from transformer_jax import distributed
 
-    settings = {"coordinator_address": args.coordinator, "num_processes": args.num_processes,
-                "process_id": args.process_id, "initialization_timeout": args.timeout, "cpu_collectives": "gloo"}
+    settings = {
+        "coordinator_address": args.coordinator,
+        "num_processes": args.num_processes,
+        "process_id": args.process_id,
+        "initialization_timeout": args.timeout,
+        "cpu_collectives": "gloo",
+    }
     started = time.perf_counter()
     if args.loop:
         run_loop(args, {k: v for k, v in settings.items() if v is not None}, started)
@@ -97,13 +107,23 @@ def main():
 
     model_cfg = tiny(dropout_rate=0.0, num_encoder_layers=1, num_decoder_layers=1)
     schedule = transformer_schedule(model_cfg.d_model, warmup_steps=10, scale=10.0)
-    tx = optax.sgd(schedule)  # updates linear in the gradient: differences measure the arithmetic (see parallel_layouts)
+    tx = optax.sgd(
+        schedule
+    )  # updates linear in the gradient: differences measure the arithmetic (see parallel_layouts)
     mesh = parallel.make_mesh({"data": 1, "fsdp": -1})
     rules = parallel.rules_for_mesh(mesh)
     shard_index, shard_count = parallel.data_shard(mesh, rules)
     batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
-    batches = TrainBatches(synthetic_pairs(), tokens_per_batch=96, max_len=12, bucket_boundaries=(12,),
-                           batch_multiple=batch_shards, seed=0, shard_index=shard_index, shard_count=shard_count)
+    batches = TrainBatches(
+        synthetic_pairs(),
+        tokens_per_batch=96,
+        max_len=12,
+        bucket_boundaries=(12,),
+        batch_multiple=batch_shards,
+        seed=0,
+        shard_index=shard_index,
+        shard_count=shard_count,
+    )
     checkpointer = Checkpointer(args.workdir, keep=3, async_save=False)
     resumed_from = checkpointer.latest_step()
     if resumed_from is None:
@@ -111,12 +131,16 @@ def main():
     else:  # as train/loop.py: the abstract state is the restore target; no initialisation is compiled
         boxed = jax.eval_shape(boxed_init_fn(Transformer(model_cfg), tx, 1), jax.random.PRNGKey(0))
         shardings = parallel.tree_shardings(boxed, mesh, rules)
-        abstract = jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
-                                nn.unbox(boxed), shardings)
+        abstract = jax.tree.map(
+            lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+            nn.unbox(boxed),
+            shardings,
+        )
         state, data_state = checkpointer.restore(resumed_from, abstract)
         batches.restore(data_state["batches"])
-    step_fn = jit_train_step(make_train_step(Transformer(model_cfg), tx, schedule, label_smoothing=0.1),
-                             shardings, mesh, rules)
+    step_fn = jit_train_step(
+        make_train_step(Transformer(model_cfg), tx, schedule, label_smoothing=0.1), shardings, mesh, rules
+    )
     local_param_bytes = sum(parallel.per_device_bytes(state.params).values())
     steps = []
     update = int(jax.device_get(state.step))
@@ -125,23 +149,35 @@ def main():
         batch = parallel.global_batch(local, mesh, rules)
         state, metrics = step_fn(state, batch)
         update += 1
-        steps.append({"step": update, "local_rows": int(local["inputs"].shape[0]),
-                      "global_rows": int(batch["inputs"].shape[0]),
-                      **{key: float(metrics[key]) for key in ("loss", "nll", "tokens", "grad_norm")}})
+        steps.append(
+            {
+                "step": update,
+                "local_rows": int(local["inputs"].shape[0]),
+                "global_rows": int(batch["inputs"].shape[0]),
+                **{key: float(metrics[key]) for key in ("loss", "nll", "tokens", "grad_norm")},
+            }
+        )
     checkpointer.save(update, state, {"batches": batches.state()}, wait=True)
     checkpointer.close()
     if args.params:  # this process's shards of every parameter: {"leaf|start:stop,...": array}
         shards = {}
         for path, leaf in jax.tree_util.tree_flatten_with_path(state.params)[0]:
             for shard in leaf.addressable_shards:
-                where = ",".join(f"{s.start or 0}:{s.stop if s.stop is not None else n}"
-                                 for s, n in zip(shard.index, leaf.shape))
+                where = ",".join(
+                    f"{s.start or 0}:{s.stop if s.stop is not None else n}" for s, n in zip(shard.index, leaf.shape)
+                )
                 shards[f"{jax.tree_util.keystr(path)}|{where}"] = np.asarray(shard.data)
         np.savez(args.params, **shards)
-    report = {"info": info._asdict(), "mesh": dict(mesh.shape), "shard": [shard_index, shard_count],
-              "resumed_from": resumed_from, "steps": steps, "local_param_bytes": local_param_bytes,
-              "total_param_bytes": int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.params))),
-              "wall_s": time.perf_counter() - started}
+    report = {
+        "info": info._asdict(),
+        "mesh": dict(mesh.shape),
+        "shard": [shard_index, shard_count],
+        "resumed_from": resumed_from,
+        "steps": steps,
+        "local_param_bytes": local_param_bytes,
+        "total_param_bytes": int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.params))),
+        "wall_s": time.perf_counter() - started,
+    }
     if args.out:
         with open(args.out, "w") as handle:
             json.dump(report, handle)
@@ -149,9 +185,17 @@ def main():
 
 
 # tests/conftest.py's seconds-long run of experiments/tiny.py, fsdp over every device, dropout off.
-LOOP_CHANGES = {"train.eval_every": 2, "train.checkpoint_every": 2, "train.bleu_every": 2,
-                "train.bleu_max_sentences": 8, "train.final_bleu": "none", "train.async_checkpoints": False,
-                "model.dropout_rate": 0.0, "mesh.data": 1, "mesh.fsdp": -1}
+LOOP_CHANGES = {
+    "train.eval_every": 2,
+    "train.checkpoint_every": 2,
+    "train.bleu_every": 2,
+    "train.bleu_max_sentences": 8,
+    "train.final_bleu": "none",
+    "train.async_checkpoints": False,
+    "model.dropout_rate": 0.0,
+    "mesh.data": 1,
+    "mesh.fsdp": -1,
+}
 
 
 def run_loop(args, settings: dict, started: float) -> None:
@@ -164,14 +208,19 @@ def run_loop(args, settings: dict, started: float) -> None:
     from transformer_jax import cli, distributed
     from transformer_jax.train import loop
 
-    overrides = tiny_run_overrides(args.stop_at, **LOOP_CHANGES,
-                                   **{f"distributed.{key}": value for key, value in settings.items()})
+    overrides = tiny_run_overrides(
+        args.stop_at, **LOOP_CHANGES, **{f"distributed.{key}": value for key, value in settings.items()}
+    )
     config = cli.load_experiment(str(Path(__file__).parents[2] / "experiments" / "tiny.py"), overrides)
     summary = loop.train(config, args.workdir)
     import jax
 
-    report = {"info": distributed.initialize()._asdict(), "summary": summary,
-              "wall_s": time.perf_counter() - started, "process_index": jax.process_index()}
+    report = {
+        "info": distributed.initialize()._asdict(),
+        "summary": summary,
+        "wall_s": time.perf_counter() - started,
+        "process_index": jax.process_index(),
+    }
     if args.out:
         with open(args.out, "w") as handle:
             json.dump(report, handle, default=str)

@@ -76,8 +76,9 @@ def make_batches(steps: int, vocab: int, seed: int = 0) -> list[dict]:
 
 def make_tx(optimizer: str, d_model: int):
     if optimizer == "adam":  # the paper's Adam (§5.3) with a short warm-up
-        train_cfg = SimpleNamespace(warmup_steps=10, lr_scale=1.0, adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9,
-                                    clip_grad_norm=0.0)
+        train_cfg = SimpleNamespace(
+            warmup_steps=10, lr_scale=1.0, adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9, clip_grad_norm=0.0
+        )
         return make_optimizer(train_cfg, d_model)
     schedule = transformer_schedule(d_model, warmup_steps=10, scale=10.0)  # lr 0.04, 0.08, 0.12, ...
     return optax.sgd(schedule), schedule
@@ -103,8 +104,9 @@ def adam_state_bytes(mesh, rules) -> dict:
     leaves = jax.tree.leaves(nn.unbox(boxed).opt_state)
     placements = jax.tree.leaves(shardings.opt_state)
     assert len(leaves) == len(placements)
-    per_device = sum(int(np.prod(s.shard_shape(leaf.shape))) * leaf.dtype.itemsize
-                     for leaf, s in zip(leaves, placements))
+    per_device = sum(
+        int(np.prod(s.shard_shape(leaf.shape))) * leaf.dtype.itemsize for leaf, s in zip(leaves, placements)
+    )
     return {"per_device": per_device, "total": sum(int(np.prod(leaf.shape)) * leaf.dtype.itemsize for leaf in leaves)}
 
 
@@ -125,11 +127,16 @@ def cache_layout(mesh, rules, params, batch: int = 8) -> dict:
     placed = jax.tree.map(lambda a, s: jax.device_put(np.zeros(a.shape, a.dtype), s), abstract, shardings)
     layer = placed["decoder"]["layer_0"]
     out = {}
-    for name, leaf in (("cached_key", layer["self_attention"]["cached_key"]),
-                       ("memory_key", layer["cross_attention"]["memory_key"]),
-                       ("cache_index", layer["self_attention"]["cache_index"])):
-        out[name] = {"shape": list(leaf.shape), "spec": str(leaf.sharding.spec),
-                     "shard_shape": list(leaf.addressable_shards[0].data.shape)}
+    for name, leaf in (
+        ("cached_key", layer["self_attention"]["cached_key"]),
+        ("memory_key", layer["cross_attention"]["memory_key"]),
+        ("cache_index", layer["self_attention"]["cache_index"]),
+    ):
+        out[name] = {
+            "shape": list(leaf.shape),
+            "spec": str(leaf.sharding.spec),
+            "shard_shape": list(leaf.addressable_shards[0].data.shape),
+        }
     return out
 
 
@@ -146,7 +153,9 @@ def run_layout(name: str, steps: int, batches: list[dict], host_state, optimizer
     param_bytes = parallel.per_device_bytes(state.params)
     opt_bytes = parallel.per_device_bytes(state.opt_state)
     result = {
-        "mode": mode, "mesh": {k: int(v) for k, v in mesh.shape.items()}, "devices": int(mesh.devices.size),
+        "mode": mode,
+        "mesh": {k: int(v) for k, v in mesh.shape.items()},
+        "devices": int(mesh.devices.size),
         "param_bytes_per_device": sorted(param_bytes.values()),
         "opt_bytes_per_device": sorted(opt_bytes.values()),
         "param_bytes_total": int(sum(np.asarray(x).nbytes for x in jax.tree.leaves(host_state.params))),
@@ -160,8 +169,17 @@ def run_layout(name: str, steps: int, batches: list[dict], host_state, optimizer
     result["decode_cache"] = cache_layout(mesh, rules, host_state.params)
     if steps == 0:
         return result, []
-    runner = make_runner(mode, Transformer(model_cfg), tx, schedule, label_smoothing=0.1, accum_steps=1,
-                         mesh=mesh, state_shardings=shardings, rules=rules)
+    runner = make_runner(
+        mode,
+        Transformer(model_cfg),
+        tx,
+        schedule,
+        label_smoothing=0.1,
+        accum_steps=1,
+        mesh=mesh,
+        state_shardings=shardings,
+        rules=rules,
+    )
     state = runner.place_state(state)
     times, history, snapshots = [], [], []
     for batch in batches[:steps]:
@@ -196,19 +214,32 @@ def main():
     host_state = initial_state(args.optimizer)
     results, reference = {}, None
     for name in names + bytes_only:
-        result, snapshots = run_layout(name, 0 if name in bytes_only else args.steps, batches, host_state,
-                                       args.optimizer)
+        result, snapshots = run_layout(
+            name, 0 if name in bytes_only else args.steps, batches, host_state, args.optimizer
+        )
         if snapshots:
             if reference is None:
                 reference = snapshots
             previous = [[np.asarray(x) for x in jax.tree.leaves(host_state.params)]] + reference[:-1]
-            result["max_param_diff"] = [float(max(np.max(np.abs(a - b)) for a, b in zip(snap, ref)))
-                                        for snap, ref in zip(snapshots, reference)]
-            result["max_update_of_single"] = [float(max(np.max(np.abs(a - b)) for a, b in zip(ref, prev)))
-                                              for ref, prev in zip(reference, previous)]
+            result["max_param_diff"] = [
+                float(max(np.max(np.abs(a - b)) for a, b in zip(snap, ref))) for snap, ref in zip(snapshots, reference)
+            ]
+            result["max_update_of_single"] = [
+                float(max(np.max(np.abs(a - b)) for a, b in zip(ref, prev))) for ref, prev in zip(reference, previous)
+            ]
         results[name] = result
-    print(json.dumps({"device_count": jax.device_count(), "steps": args.steps, "optimizer": args.optimizer,
-                      "fast": args.fast, "total_s": time.perf_counter() - started, "layouts": results}))
+    print(
+        json.dumps(
+            {
+                "device_count": jax.device_count(),
+                "steps": args.steps,
+                "optimizer": args.optimizer,
+                "fast": args.fast,
+                "total_s": time.perf_counter() - started,
+                "layouts": results,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -54,14 +54,16 @@ def rows_for_length(length: int, tokens_per_batch: int, row_multiple: int) -> in
     """The most rows, a multiple of row_multiple, with rows · length ≤ tokens_per_batch."""
     rows = tokens_per_batch // length // row_multiple * row_multiple
     if rows == 0:
-        raise ValueError(f"tokens_per_batch={tokens_per_batch} cannot hold {row_multiple} rows of length "
-                         f"{length}; raise it to at least {length * row_multiple} or lower max_len.")
+        raise ValueError(
+            f"tokens_per_batch={tokens_per_batch} cannot hold {row_multiple} rows of length "
+            f"{length}; raise it to at least {length * row_multiple} or lower max_len."
+        )
     return rows
 
 
 def _with_eos(pieces: Sequence[int], max_len: int, eos_id: int) -> np.ndarray:
     """pieces[:max_len - 1] + [eos] as int32 [length]."""
-    return np.asarray(list(pieces[:max_len - 1]) + [eos_id], np.int32)
+    return np.asarray(list(pieces[: max_len - 1]) + [eos_id], np.int32)
 
 
 class _Examples:
@@ -75,10 +77,13 @@ class _Examples:
     def batch(self, rows: Sequence[Row], num_rows: int, length: int, packed: bool) -> Batch:
         """Rows of example indices → arrays [num_rows, length]; rows past len(rows) are all padding."""
         shape = (num_rows, length)
-        arrays = {name: np.full(shape, self.pad_id, np.int32)
-                  for name in ("inputs", "targets", "decoder_inputs")}
-        arrays.update({name: np.zeros(shape, np.int32) for name in (
-            "inputs_segmentation", "inputs_position", "targets_segmentation", "targets_position")})
+        arrays = {name: np.full(shape, self.pad_id, np.int32) for name in ("inputs", "targets", "decoder_inputs")}
+        arrays.update(
+            {
+                name: np.zeros(shape, np.int32)
+                for name in ("inputs_segmentation", "inputs_position", "targets_segmentation", "targets_position")
+            }
+        )
         for row, indices in enumerate(rows):
             source_start = target_start = 0
             for segment, index in enumerate(indices, start=1):
@@ -108,27 +113,47 @@ class TrainBatches:
     With pack=True, rows are max_len long and bucket_boundaries are not used.
     """
 
-    def __init__(self, pairs: Sequence[TokenPair], *, tokens_per_batch: int, max_len: int, seed: int = 0,
-                 bucket_boundaries: Sequence[int] | None = None, batch_multiple: int = 1, pack: bool = False,
-                 shard_index: int = 0, shard_count: int = 1, pad_id: int = 0, bos_id: int = 1, eos_id: int = 2):
+    def __init__(
+        self,
+        pairs: Sequence[TokenPair],
+        *,
+        tokens_per_batch: int,
+        max_len: int,
+        seed: int = 0,
+        bucket_boundaries: Sequence[int] | None = None,
+        batch_multiple: int = 1,
+        pack: bool = False,
+        shard_index: int = 0,
+        shard_count: int = 1,
+        pad_id: int = 0,
+        bos_id: int = 1,
+        eos_id: int = 2,
+    ):
         if not 0 <= shard_index < shard_count:
             raise ValueError(f"Need 0 <= shard_index < shard_count, got {shard_index} and {shard_count}.")
-        lengths = np.array([(len(source) + 1, len(target) + 1) for source, target in pairs],
-                           np.int64).reshape(-1, 2)  # [pairs, 2] with eos
+        lengths = np.array([(len(source) + 1, len(target) + 1) for source, target in pairs], np.int64).reshape(
+            -1, 2
+        )  # [pairs, 2] with eos
         self.kept = np.flatnonzero(lengths.max(axis=1) <= max_len)
         self.dropped = len(pairs) - len(self.kept)
         if not len(self.kept):
             raise ValueError(f"No pair is at most max_len={max_len} tokens long (eos included).")
-        logger.info("Training batches: kept %d pairs, dropped %d longer than max_len=%d tokens (eos included).",
-                    len(self.kept), self.dropped, max_len)
+        logger.info(
+            "Training batches: kept %d pairs, dropped %d longer than max_len=%d tokens (eos included).",
+            len(self.kept),
+            self.dropped,
+            max_len,
+        )
         self.examples = _Examples(pairs, max_len, pad_id, bos_id, eos_id)
         self.lengths = lengths
         self.seed, self.pack, self.max_len = seed, pack, max_len
         self.shard_index, self.shard_count = shard_index, shard_count
         self.boundaries = (max_len,) if pack else _checked_boundaries(bucket_boundaries, max_len)
         row_multiple = math.lcm(batch_multiple, shard_count)
-        self.rows = {length: rows_for_length(length, tokens_per_batch, row_multiple)  # longest fails first
-                     for length in reversed(self.boundaries)}  # bucket length -> rows per global batch
+        self.rows = {
+            length: rows_for_length(length, tokens_per_batch, row_multiple)  # longest fails first
+            for length in reversed(self.boundaries)
+        }  # bucket length -> rows per global batch
         self.epoch, self.index = 0, 0
         self._plan_epoch = -1
         self._plan: list[tuple[int, list[Row]]] = []
@@ -140,8 +165,10 @@ class TrainBatches:
         epoch, index = int(state["epoch"]), int(state["index"])
         batches = len(self.epoch_plan(epoch))
         if not 0 <= index < batches:
-            raise ValueError(f"Cannot resume at {state}: epoch {epoch} has {batches} batches here. Were the "
-                             f"data, the tokenizer or the batching options changed since it was saved?")
+            raise ValueError(
+                f"Cannot resume at {state}: epoch {epoch} has {batches} batches here. Were the "
+                f"data, the tokenizer or the batching options changed since it was saved?"
+            )
         self.epoch, self.index = epoch, index
 
     def epoch_plan(self, epoch: int) -> list[tuple[int, list[Row]]]:
@@ -180,12 +207,19 @@ class TrainBatches:
             self.epoch, self.index = self.epoch + 1, 0
         num_rows = self.rows[length] // self.shard_count
         first = self.shard_index * num_rows
-        return self.examples.batch(rows[first:first + num_rows], num_rows, length, self.pack)
+        return self.examples.batch(rows[first : first + num_rows], num_rows, length, self.pack)
 
 
-def eval_batches(pairs: Sequence[TokenPair], *, batch_size: int, max_len: int,
-                 bucket_boundaries: Sequence[int] | None = None, pad_id: int = 0, bos_id: int = 1,
-                 eos_id: int = 2) -> Iterator[tuple[np.ndarray, Batch]]:
+def eval_batches(
+    pairs: Sequence[TokenPair],
+    *,
+    batch_size: int,
+    max_len: int,
+    bucket_boundaries: Sequence[int] | None = None,
+    pad_id: int = 0,
+    bos_id: int = 1,
+    eos_id: int = 2,
+) -> Iterator[tuple[np.ndarray, Batch]]:
     """Every pair once, in order: (indices [batch_size], batch) with batch_size rows per batch.
 
     Nothing is dropped: sides longer than max_len keep their first max_len - 1 pieces and eos. A batch is

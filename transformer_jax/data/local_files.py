@@ -51,9 +51,7 @@ class LocalFilesSource:
     directory: str | Path
     source_lang: str = "en"
     target_lang: str = "de"
-    split_prefixes: Mapping[str, str] = dataclasses.field(
-        default_factory=lambda: {split: split for split in SPLITS}
-    )
+    split_prefixes: Mapping[str, str] = dataclasses.field(default_factory=lambda: {split: split for split in SPLITS})
     max_chars: int | None = 1000
     skipped: dict[str, SkipCounts] = dataclasses.field(default_factory=dict, init=False)
 
@@ -61,9 +59,7 @@ class LocalFilesSource:
         """The file holding the `lang` side of `split`: `{prefix}.{lang}`, else `{prefix}.{lang}.gz`."""
         check_split(split)
         if split not in self.split_prefixes:
-            raise ValueError(
-                f"No file prefix for split {split!r}; split_prefixes={dict(self.split_prefixes)}."
-            )
+            raise ValueError(f"No file prefix for split {split!r}; split_prefixes={dict(self.split_prefixes)}.")
         stem = Path(self.directory) / f"{self.split_prefixes[split]}.{lang}"
         for candidate in (stem, stem.with_name(stem.name + ".gz")):
             if candidate.is_file():

@@ -7,8 +7,9 @@ import numpy as np
 Row = list[int]  # indices of the examples placed in one row, in order
 
 
-def pack_rows(order: np.ndarray, source_lengths: np.ndarray, target_lengths: np.ndarray,
-              row_length: int, rows_per_batch: int) -> list[list[Row]]:
+def pack_rows(
+    order: np.ndarray, source_lengths: np.ndarray, target_lengths: np.ndarray, row_length: int, rows_per_batch: int
+) -> list[list[Row]]:
     """Groups the examples `order` (in that order) into batches of at most `rows_per_batch` rows.
 
     Each example goes into the first row of the current batch where both its source and its target still
@@ -21,8 +22,10 @@ def pack_rows(order: np.ndarray, source_lengths: np.ndarray, target_lengths: np.
     target_used = np.zeros(rows_per_batch, np.int64)
     for index in order:
         source_length, target_length = source_lengths[index], target_lengths[index]
-        fits = np.flatnonzero((source_used[:len(rows)] + source_length <= row_length)
-                              & (target_used[:len(rows)] + target_length <= row_length))
+        fits = np.flatnonzero(
+            (source_used[: len(rows)] + source_length <= row_length)
+            & (target_used[: len(rows)] + target_length <= row_length)
+        )
         if fits.size:
             row = int(fits[0])
         else:

@@ -40,9 +40,7 @@ class SkipCounts:
     too_long: int = 0  # source or target longer than max_chars characters
 
 
-def filter_pairs(
-    pairs: Iterable[Pair], max_chars: int | None, counts: SkipCounts, name: str
-) -> Iterator[Pair]:
+def filter_pairs(pairs: Iterable[Pair], max_chars: int | None, counts: SkipCounts, name: str) -> Iterator[Pair]:
     """Strips whitespace around each side, then drops empty pairs and pairs with a side over `max_chars`.
 
     Updates `counts` as it goes and logs them (INFO) once `pairs` is exhausted.
@@ -58,5 +56,9 @@ def filter_pairs(
             yield source, target
     logger.info(
         "%s: kept %d pairs, skipped %d with an empty side and %d with a side over %s characters.",
-        name, counts.kept, counts.empty, counts.too_long, max_chars,
+        name,
+        counts.kept,
+        counts.empty,
+        counts.too_long,
+        max_chars,
     )

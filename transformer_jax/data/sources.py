@@ -43,8 +43,10 @@ def source_from_config(data: DataConfig, splits: tuple[str, ...] = ("train", "va
     options = dict(data.options)
     if data.source in SOURCES_WITH_DIRECTORY:
         if not data.path:
-            raise ConfigError(f"data.source={data.source!r} needs the directory of its files: "
-                              f"--config.data.path=/path/to/dir (e.g. ../shared/data/multi30k).")
+            raise ConfigError(
+                f"data.source={data.source!r} needs the directory of its files: "
+                f"--config.data.path=/path/to/dir (e.g. ../shared/data/multi30k)."
+            )
         if not Path(data.path).is_dir():
             raise ConfigError(f"data.path={data.path!r} is not a directory.")
         options.setdefault("directory", data.path)
@@ -68,6 +70,8 @@ def check_splits_not_empty(source: ParallelSource) -> None:
     """Training needs a pair in 'train' (the tokenizer learns from it) and in 'validation'; checked before any work."""
     for split in ("train", "validation"):
         if next(iter(source.pairs(split)), None) is None:
-            raise ConfigError(f"the {split} split of data.source={source.__class__.__name__} has no sentence pairs "
-                              f"(empty files, or every pair skipped as empty or too long); check data.path / "
-                              f"data.source.")
+            raise ConfigError(
+                f"the {split} split of data.source={source.__class__.__name__} has no sentence pairs "
+                f"(empty files, or every pair skipped as empty or too long); check data.path / "
+                f"data.source."
+            )

@@ -39,9 +39,7 @@ class TfdsSource:
             import tensorflow_datasets as tfds  # heavy: imported only when this source is read
             import tensorflow_datasets.translate  # noqa: F401  registers wmt14 when TensorFlow is absent
         except ImportError as error:
-            raise ImportError(
-                "TfdsSource needs tensorflow-datasets: pip install tensorflow-datasets."
-            ) from error
+            raise ImportError("TfdsSource needs tensorflow-datasets: pip install tensorflow-datasets.") from error
         try:
             examples = tfds.data_source(
                 self.name,

@@ -68,8 +68,10 @@ class Tokenizer:
         expected = {"pad": pad_id, "bos": bos_id, "eos": eos_id, "unk": unk_id}
         actual = {"pad": self.pad_id, "bos": self.bos_id, "eos": self.eos_id, "unk": self.unk_id}
         if actual != expected:
-            raise ValueError(f"The SentencePiece model has special ids {actual}, but {expected} were asked "
-                             f"for; they must match the model config. Retrain it in a fresh directory.")
+            raise ValueError(
+                f"The SentencePiece model has special ids {actual}, but {expected} were asked "
+                f"for; they must match the model config. Retrain it in a fresh directory."
+            )
 
 
 def balanced_sample(pairs: Iterable[Pair], max_sentences: int, seed: int) -> list[str]:
@@ -107,10 +109,19 @@ def train_tokenizer(
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
-            model_type=model_type, character_coverage=character_coverage,
-            pad_id=pad_id, bos_id=bos_id, eos_id=eos_id, unk_id=unk_id,
-            input_sentence_size=0, shuffle_input_sentence=False, num_threads=num_threads, minloglevel=2,
+            sentence_iterator=iter(sentences),
+            model_writer=model,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            pad_id=pad_id,
+            bos_id=bos_id,
+            eos_id=eos_id,
+            unk_id=unk_id,
+            input_sentence_size=0,
+            shuffle_input_sentence=False,
+            num_threads=num_threads,
+            minloglevel=2,
         )
     except RuntimeError as error:
         largest = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", str(error))
@@ -149,8 +160,10 @@ def load_or_train_tokenizer(
         tokenizer = Tokenizer.from_bytes(path.read_bytes())
         tokenizer.check_special_ids(**special_ids)
         if tokenizer.vocab_size != vocab_size:
-            raise ValueError(f"{path} has {tokenizer.vocab_size} pieces, but vocab_size={vocab_size} was asked "
-                             f"for. Use a fresh --workdir or set --config.data.vocab_size={tokenizer.vocab_size}.")
+            raise ValueError(
+                f"{path} has {tokenizer.vocab_size} pieces, but vocab_size={vocab_size} was asked "
+                f"for. Use a fresh --workdir or set --config.data.vocab_size={tokenizer.vocab_size}."
+            )
         logger.info("Loaded the SentencePiece model %s (%d pieces).", path, tokenizer.vocab_size)
         return tokenizer
     sentences = balanced_sample(pairs, max_sentences, seed)

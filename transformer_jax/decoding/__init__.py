@@ -10,18 +10,28 @@ The searches themselves (greedy_search, beam_search_core) take any step function
 
 from transformer_jax.decoding.beam import beam_search, beam_search_core
 from transformer_jax.decoding.cache import (
-                                            constrain_cache,
-                                            gather_beams,
-                                            init_cache,
-                                            reorder_cache,
-                                            transformer_step_fn,
-                                            uncached_step_fn,
+    constrain_cache,
+    gather_beams,
+    init_cache,
+    reorder_cache,
+    transformer_step_fn,
+    uncached_step_fn,
 )
 from transformer_jax.decoding.config import DecodeConfig, length_penalty, sequence_lengths
 from transformer_jax.decoding.greedy import greedy_decode, greedy_search
 
 __all__ = [
-    "DecodeConfig", "beam_search", "beam_search_core", "constrain_cache", "gather_beams",
-    "greedy_decode", "greedy_search", "init_cache", "length_penalty", "reorder_cache", "sequence_lengths",
-    "transformer_step_fn", "uncached_step_fn",
+    "DecodeConfig",
+    "beam_search",
+    "beam_search_core",
+    "constrain_cache",
+    "gather_beams",
+    "greedy_decode",
+    "greedy_search",
+    "init_cache",
+    "length_penalty",
+    "reorder_cache",
+    "sequence_lengths",
+    "transformer_step_fn",
+    "uncached_step_fn",
 ]

@@ -67,8 +67,9 @@ def _is_valid(log_probs):
     return log_probs > NEG_INF / 2
 
 
-def search_should_continue(state: BeamState, *, max_decode_len: int, max_lengths: jnp.ndarray,
-                           alpha: float) -> jnp.ndarray:
+def search_should_continue(
+    state: BeamState, *, max_decode_len: int, max_lengths: jnp.ndarray, alpha: float
+) -> jnp.ndarray:
     """False once no live hypothesis of any sentence can still enter its finished n-best list."""
     index = state.step
     # The largest length penalty any live hypothesis can still reach: lp is monotone in the length, so it is
@@ -81,10 +82,23 @@ def search_should_continue(state: BeamState, *, max_decode_len: int, max_lengths
     return (index < max_decode_len) & ~jnp.all(sentence_done)
 
 
-def beam_search_core(step_fn: StepFn, cache: Cache, *, batch_size: int, beam_size: int, alpha: float,
-                     max_decode_len: int, max_lengths: jnp.ndarray | None = None, bos_id: int, eos_id: int,
-                     pad_id: int, one_hot: bool = False, early_stopping: bool = True,
-                     constrain: Callable[[Cache], Cache] = lambda cache: cache, return_state: bool = False):
+def beam_search_core(
+    step_fn: StepFn,
+    cache: Cache,
+    *,
+    batch_size: int,
+    beam_size: int,
+    alpha: float,
+    max_decode_len: int,
+    max_lengths: jnp.ndarray | None = None,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    one_hot: bool = False,
+    early_stopping: bool = True,
+    constrain: Callable[[Cache], Cache] = lambda cache: cache,
+    return_state: bool = False,
+):
     """Beam search over any step function (traceable; call it inside jit).
 
     cache: leaves [batch * beam_size, ...] (rows of a sentence adjacent). max_lengths: [batch] per-sentence
@@ -137,9 +151,14 @@ def beam_search_core(step_fn: StepFn, cache: Cache, *, batch_size: int, beam_siz
         pool_flags = jnp.concatenate([state.finished_flags, ends], axis=1)
         finished_scores, finished_pick = lax.top_k(pool_scores, beam)
         return BeamState(
-            step=new_length, live_seqs=live_seqs, live_log_probs=live_log_probs,
-            finished_seqs=gather(pool_seqs, finished_pick), finished_scores=finished_scores,
-            finished_flags=jnp.take_along_axis(pool_flags, finished_pick, axis=1), cache=constrain(cache))
+            step=new_length,
+            live_seqs=live_seqs,
+            live_log_probs=live_log_probs,
+            finished_seqs=gather(pool_seqs, finished_pick),
+            finished_scores=finished_scores,
+            finished_flags=jnp.take_along_axis(pool_flags, finished_pick, axis=1),
+            cache=constrain(cache),
+        )
 
     # All beams of a sentence start identical; only slot 0 is live so they do not produce duplicates.
     initial = BeamState(
@@ -163,10 +182,34 @@ def _repeat_for_beams(x: jnp.ndarray, beam_size: int) -> jnp.ndarray:
     return jnp.repeat(x, beam_size, axis=0)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "beam_size", "alpha", "max_decode_len", "extra_length",
-                                             "one_hot", "early_stopping", "mesh", "rules"))
-def _beam_search(model: nn.Module, params, inputs, *, beam_size: int, alpha: float, max_decode_len: int,
-                 extra_length: int, one_hot: bool, early_stopping: bool, mesh: Mesh | None, rules):
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "model",
+        "beam_size",
+        "alpha",
+        "max_decode_len",
+        "extra_length",
+        "one_hot",
+        "early_stopping",
+        "mesh",
+        "rules",
+    ),
+)
+def _beam_search(
+    model: nn.Module,
+    params,
+    inputs,
+    *,
+    beam_size: int,
+    alpha: float,
+    max_decode_len: int,
+    extra_length: int,
+    one_hot: bool,
+    early_stopping: bool,
+    mesh: Mesh | None,
+    rules,
+):
     cfg = model.config
     encoded = encode(model, params, inputs)  # [batch, src_len, d_model]
     # The encoder runs once per sentence, and its cross-attention keys/values are stored once per sentence and
@@ -174,16 +217,35 @@ def _beam_search(model: nn.Module, params, inputs, *, beam_size: int, alpha: flo
     flat_inputs = _repeat_for_beams(inputs, beam_size)  # [batch * beam, src_len]
     cache = init_cache(model, params, encoded, flat_inputs, max_decode_len)
     return beam_search_core(
-        transformer_step_fn(model, params, encoded, flat_inputs), cache, batch_size=inputs.shape[0],
-        beam_size=beam_size, alpha=alpha, max_decode_len=max_decode_len,
+        transformer_step_fn(model, params, encoded, flat_inputs),
+        cache,
+        batch_size=inputs.shape[0],
+        beam_size=beam_size,
+        alpha=alpha,
+        max_decode_len=max_decode_len,
         max_lengths=per_sentence_limits(inputs, cfg.pad_id, extra_length, max_decode_len),
-        bos_id=cfg.bos_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id, one_hot=one_hot,
-        early_stopping=early_stopping, constrain=lambda cache: constrain_cache(cache, mesh, rules))
+        bos_id=cfg.bos_id,
+        eos_id=cfg.eos_id,
+        pad_id=cfg.pad_id,
+        one_hot=one_hot,
+        early_stopping=early_stopping,
+        constrain=lambda cache: constrain_cache(cache, mesh, rules),
+    )
 
 
-def beam_search(model: nn.Module, params, inputs: ArrayLike, *, beam_size: int | None = None,
-                alpha: float | None = None, max_decode_len: int | None = None, config: DecodeConfig | None = None,
-                mesh: Mesh | None = None, rules: parallel.Rules = parallel.DEFAULT_RULES, early_stopping: bool = True):
+def beam_search(
+    model: nn.Module,
+    params,
+    inputs: ArrayLike,
+    *,
+    beam_size: int | None = None,
+    alpha: float | None = None,
+    max_decode_len: int | None = None,
+    config: DecodeConfig | None = None,
+    mesh: Mesh | None = None,
+    rules: parallel.Rules = parallel.DEFAULT_RULES,
+    early_stopping: bool = True,
+):
     """Beam search translation of `inputs` [batch, src_len] (pad_id = padding) with a Transformer.
 
     beam_size and alpha default to `config` (DecodeConfig: §6.1's beam 4, alpha 0.6). Each sentence's output
@@ -202,6 +264,15 @@ def beam_search(model: nn.Module, params, inputs: ArrayLike, *, beam_size: int |
         raise ValueError(f"inputs must be [batch, src_len] token ids, got shape {inputs.shape}.")
     max_decode_len = resolve_max_decode_len(inputs.shape[1], config, max_decode_len, model.config.max_len)
     return _beam_search(
-        model, as_params(params), inputs, beam_size=beam_size, alpha=float(alpha), max_decode_len=max_decode_len,
-        extra_length=config.extra_length, one_hot=config.gather == "one_hot", early_stopping=early_stopping,
-        mesh=mesh, rules=tuple(rules))
+        model,
+        as_params(params),
+        inputs,
+        beam_size=beam_size,
+        alpha=float(alpha),
+        max_decode_len=max_decode_len,
+        extra_length=config.extra_length,
+        one_hot=config.gather == "one_hot",
+        early_stopping=early_stopping,
+        mesh=mesh,
+        rules=tuple(rules),
+    )

@@ -53,8 +53,9 @@ def init_cache(model: nn.Module, params, encoded: jnp.ndarray, inputs: jnp.ndarr
     """
     rows = inputs.shape[0]
     dummy = jnp.zeros((rows, max_decode_len), jnp.int32)  # [rows, max_decode_len]
-    _, variables = model.apply({"params": params}, encoded, inputs, dummy, decode=True,
-                               method="decode", mutable=["cache"])
+    _, variables = model.apply(
+        {"params": params}, encoded, inputs, dummy, decode=True, method="decode", mutable=["cache"]
+    )
     return variables["cache"]
 
 
@@ -62,15 +63,23 @@ def transformer_step_fn(model: nn.Module, params, encoded: jnp.ndarray, inputs: 
     """One cached decoder step: tokens [n] (the previous token of each row) -> logits [n, vocab]."""
 
     def step(tokens: jnp.ndarray, cache: Cache):
-        logits, variables = model.apply({"params": params, "cache": cache}, encoded, inputs, tokens[:, None],
-                                        decode=True, method="decode", mutable=["cache"])
+        logits, variables = model.apply(
+            {"params": params, "cache": cache},
+            encoded,
+            inputs,
+            tokens[:, None],
+            decode=True,
+            method="decode",
+            mutable=["cache"],
+        )
         return logits[:, 0, :].astype(jnp.float32), variables["cache"]  # [n, vocab]
 
     return step
 
 
-def uncached_step_fn(model: nn.Module, params, encoded: jnp.ndarray, inputs: jnp.ndarray,
-                     max_decode_len: int, pad_id: int) -> tuple[StepFn, Cache]:
+def uncached_step_fn(
+    model: nn.Module, params, encoded: jnp.ndarray, inputs: jnp.ndarray, max_decode_len: int, pad_id: int
+) -> tuple[StepFn, Cache]:
     """The same step without a key/value cache: re-runs the decoder over the whole prefix every step.
 
     Its 'cache' is only the prefix buffer [n, max_decode_len] (pad beyond the written part) and the index.
@@ -103,8 +112,7 @@ def gather_beams(x: jnp.ndarray, indices: jnp.ndarray, *, one_hot: bool = False)
     if one_hot:
         selection = jax.nn.one_hot(indices, x.shape[1], dtype=jnp.float32)  # [batch, new_beam, old_beam]
         if jnp.issubdtype(x.dtype, jnp.floating):
-            return jnp.einsum("bno,bo...->bn...", selection.astype(x.dtype), x,
-                              precision=jax.lax.Precision.HIGHEST)
+            return jnp.einsum("bno,bo...->bn...", selection.astype(x.dtype), x, precision=jax.lax.Precision.HIGHEST)
         return jnp.einsum("bno,bo...->bn...", selection.astype(jnp.int32), x.astype(jnp.int32)).astype(x.dtype)
     expanded = indices.reshape(indices.shape + (1,) * (x.ndim - 2))  # [batch, new_beam, 1, ...]
     return jnp.take_along_axis(x, expanded, axis=1)

@@ -20,8 +20,9 @@ def length_penalty(length, alpha: float):
     return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
 
 
-def resolve_max_decode_len(source_width: int, config: DecodeConfig, max_decode_len: int | None,
-                           model_max_len: int | None) -> int:
+def resolve_max_decode_len(
+    source_width: int, config: DecodeConfig, max_decode_len: int | None, model_max_len: int | None
+) -> int:
     """The static length of the output buffer (a Python int, so that jit sees a fixed shape).
 
     Explicit values (argument, then config) win and must fit the model's position table; the default
@@ -34,7 +35,8 @@ def resolve_max_decode_len(source_width: int, config: DecodeConfig, max_decode_l
         if model_max_len is not None and explicit > model_max_len:
             raise ValueError(
                 f"max_decode_len={explicit} exceeds the model's position table (ModelConfig.max_len="
-                f"{model_max_len}); lower max_decode_len or use a model with a larger max_len.")
+                f"{model_max_len}); lower max_decode_len or use a model with a larger max_len."
+            )
         return int(explicit)
     length = source_width + config.extra_length
     return int(min(length, model_max_len) if model_max_len is not None else length)

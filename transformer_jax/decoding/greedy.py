@@ -35,9 +35,18 @@ class GreedyState(NamedTuple):
     cache: Cache
 
 
-def greedy_search(step_fn: StepFn, cache: Cache, *, batch_size: int, max_decode_len: int,
-                  max_lengths: jnp.ndarray | None = None, bos_id: int, eos_id: int, pad_id: int,
-                  constrain: Callable[[Cache], Cache] = lambda cache: cache):
+def greedy_search(
+    step_fn: StepFn,
+    cache: Cache,
+    *,
+    batch_size: int,
+    max_decode_len: int,
+    max_lengths: jnp.ndarray | None = None,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    constrain: Callable[[Cache], Cache] = lambda cache: cache,
+):
     """Greedy search over any step function (traceable; call it inside jit).
 
     Stops when every row has emitted EOS or reached its limit (`max_lengths` [batch], default
@@ -60,8 +69,13 @@ def greedy_search(step_fn: StepFn, cache: Cache, *, batch_size: int, max_decode_
         tokens = lax.dynamic_update_slice(state.tokens, token[:, None], (0, state.step))
         done = state.done | (token == eos_id) | (state.step + 1 >= max_lengths)
         return GreedyState(
-            step=state.step + 1, tokens=tokens, last=token, done=done,
-            log_probs=state.log_probs + jnp.where(state.done, 0.0, token_log_prob), cache=constrain(cache))
+            step=state.step + 1,
+            tokens=tokens,
+            last=token,
+            done=done,
+            log_probs=state.log_probs + jnp.where(state.done, 0.0, token_log_prob),
+            cache=constrain(cache),
+        )
 
     initial = GreedyState(
         step=jnp.array(0, jnp.int32),
@@ -77,22 +91,36 @@ def greedy_search(step_fn: StepFn, cache: Cache, *, batch_size: int, max_decode_
 
 
 @functools.partial(jax.jit, static_argnames=("model", "max_decode_len", "extra_length", "mesh", "rules"))
-def _greedy_decode(model: nn.Module, params, inputs, *, max_decode_len: int, extra_length: int,
-                   mesh: Mesh | None, rules):
+def _greedy_decode(
+    model: nn.Module, params, inputs, *, max_decode_len: int, extra_length: int, mesh: Mesh | None, rules
+):
     cfg = model.config
     encoded = encode(model, params, inputs)  # [batch, src_len, d_model]
     cache = init_cache(model, params, encoded, inputs, max_decode_len)
     return greedy_search(
-        transformer_step_fn(model, params, encoded, inputs), cache, batch_size=inputs.shape[0],
+        transformer_step_fn(model, params, encoded, inputs),
+        cache,
+        batch_size=inputs.shape[0],
         max_decode_len=max_decode_len,
         max_lengths=per_sentence_limits(inputs, cfg.pad_id, extra_length, max_decode_len),
-        bos_id=cfg.bos_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id,
-        constrain=lambda cache: constrain_cache(cache, mesh, rules))
+        bos_id=cfg.bos_id,
+        eos_id=cfg.eos_id,
+        pad_id=cfg.pad_id,
+        constrain=lambda cache: constrain_cache(cache, mesh, rules),
+    )
 
 
-def greedy_decode(model: nn.Module, params, inputs: ArrayLike, *, max_decode_len: int | None = None,
-                  config: DecodeConfig | None = None, mesh: Mesh | None = None,
-                  rules: parallel.Rules = parallel.DEFAULT_RULES, return_log_probs: bool = False):
+def greedy_decode(
+    model: nn.Module,
+    params,
+    inputs: ArrayLike,
+    *,
+    max_decode_len: int | None = None,
+    config: DecodeConfig | None = None,
+    mesh: Mesh | None = None,
+    rules: parallel.Rules = parallel.DEFAULT_RULES,
+    return_log_probs: bool = False,
+):
     """Greedy translation of `inputs` [batch, src_len] (pad_id = padding) with a Transformer.
 
     Each sentence stops at EOS or at its own limit, source length + config.extra_length (§6.1), within the
@@ -106,6 +134,12 @@ def greedy_decode(model: nn.Module, params, inputs: ArrayLike, *, max_decode_len
         raise ValueError(f"inputs must be [batch, src_len] token ids, got shape {inputs.shape}.")
     max_decode_len = resolve_max_decode_len(inputs.shape[1], config, max_decode_len, model.config.max_len)
     tokens, lengths, log_probs = _greedy_decode(
-        model, as_params(params), inputs, max_decode_len=max_decode_len, extra_length=config.extra_length,
-        mesh=mesh, rules=tuple(rules))
+        model,
+        as_params(params),
+        inputs,
+        max_decode_len=max_decode_len,
+        extra_length=config.extra_length,
+        mesh=mesh,
+        rules=tuple(rules),
+    )
     return (tokens, lengths, log_probs) if return_log_probs else (tokens, lengths)

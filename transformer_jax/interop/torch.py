@@ -19,7 +19,6 @@ State-dict names (torch) <- Flax parameter paths:
 Every conversion is a transpose, reshape or concatenation, so a round trip is bitwise exact.
 """
 
-
 from __future__ import annotations
 
 import dataclasses
@@ -82,39 +81,56 @@ def _copy(flax_path, torch_key, shape):
 
 def _transposed(flax_path, torch_key, flax_shape):
     """Flax Dense kernel [in, out] <-> torch Linear weight [out, in]."""
-    return _Entry(torch_key, (flax_path,), (tuple(flax_shape),), tuple(flax_shape[::-1]),
-                  lambda a: a[0].T, lambda t: [t.T])
+    return _Entry(
+        torch_key, (flax_path,), (tuple(flax_shape),), tuple(flax_shape[::-1]), lambda a: a[0].T, lambda t: [t.T]
+    )
 
 
 def _attention_entries(cfg: ModelConfig, flax_prefix: str, torch_prefix: str) -> list[_Entry]:
     d, h, k = cfg.d_model, cfg.num_heads, cfg.head_dim
     names = ("query", "key", "value")
     # kernel [d_model, heads, head_dim] -> [d_model, heads*head_dim] -> torch [heads*head_dim, d_model]
-    entries = [_Entry(
-        f"{torch_prefix}.in_proj_weight", tuple(f"{flax_prefix}/{n}/kernel" for n in names), ((d, h, k),) * 3,
-        (3 * h * k, d),
-        lambda arrays: np.concatenate([a.reshape(d, h * k).T for a in arrays], axis=0),
-        lambda t: [part.T.reshape(d, h, k) for part in np.split(t, 3, axis=0)],
-    )]
+    entries = [
+        _Entry(
+            f"{torch_prefix}.in_proj_weight",
+            tuple(f"{flax_prefix}/{n}/kernel" for n in names),
+            ((d, h, k),) * 3,
+            (3 * h * k, d),
+            lambda arrays: np.concatenate([a.reshape(d, h * k).T for a in arrays], axis=0),
+            lambda t: [part.T.reshape(d, h, k) for part in np.split(t, 3, axis=0)],
+        )
+    ]
     # out kernel [heads, head_dim, d_model] -> [heads*head_dim, d_model] -> torch [d_model, heads*head_dim]
-    entries.append(_Entry(
-        f"{torch_prefix}.out_proj.weight", (f"{flax_prefix}/out/kernel",), ((h, k, d),), (d, h * k),
-        lambda a: a[0].reshape(h * k, d).T, lambda t: [t.T.reshape(h, k, d)],
-    ))
+    entries.append(
+        _Entry(
+            f"{torch_prefix}.out_proj.weight",
+            (f"{flax_prefix}/out/kernel",),
+            ((h, k, d),),
+            (d, h * k),
+            lambda a: a[0].reshape(h * k, d).T,
+            lambda t: [t.T.reshape(h, k, d)],
+        )
+    )
     if cfg.attention_bias:
-        entries.append(_Entry(
-            f"{torch_prefix}.in_proj_bias", tuple(f"{flax_prefix}/{n}/bias" for n in names), ((h, k),) * 3,
-            (3 * h * k,),
-            lambda arrays: np.concatenate([a.reshape(h * k) for a in arrays]),
-            lambda t: [part.reshape(h, k) for part in np.split(t, 3)],
-        ))
+        entries.append(
+            _Entry(
+                f"{torch_prefix}.in_proj_bias",
+                tuple(f"{flax_prefix}/{n}/bias" for n in names),
+                ((h, k),) * 3,
+                (3 * h * k,),
+                lambda arrays: np.concatenate([a.reshape(h * k) for a in arrays]),
+                lambda t: [part.reshape(h, k) for part in np.split(t, 3)],
+            )
+        )
         entries.append(_copy(f"{flax_prefix}/out/bias", f"{torch_prefix}.out_proj.bias", (d,)))
     return entries
 
 
 def _norm_entries(cfg: ModelConfig, flax_prefix: str, torch_prefix: str) -> list[_Entry]:
-    return [_copy(f"{flax_prefix}/scale", f"{torch_prefix}.weight", (cfg.d_model,)),
-            _copy(f"{flax_prefix}/bias", f"{torch_prefix}.bias", (cfg.d_model,))]
+    return [
+        _copy(f"{flax_prefix}/scale", f"{torch_prefix}.weight", (cfg.d_model,)),
+        _copy(f"{flax_prefix}/bias", f"{torch_prefix}.bias", (cfg.d_model,)),
+    ]
 
 
 def _ffn_entries(cfg: ModelConfig, flax_prefix: str, torch_prefix: str) -> list[_Entry]:
@@ -140,30 +156,37 @@ def parameter_map(config: ModelConfig) -> list[_Entry]:
         ]
     stacks = {
         "encoder": (cfg.num_encoder_layers, [("self_attention", "self_attn", "norm1"), ("ffn", None, "norm2")]),
-        "decoder": (cfg.num_decoder_layers, [("self_attention", "self_attn", "norm1"),
-                                             ("cross_attention", "multihead_attn", "norm2"),
-                                             ("ffn", None, "norm3")]),
+        "decoder": (
+            cfg.num_decoder_layers,
+            [
+                ("self_attention", "self_attn", "norm1"),
+                ("cross_attention", "multihead_attn", "norm2"),
+                ("ffn", None, "norm3"),
+            ],
+        ),
     }
     for stack, (num_layers, sublayers) in stacks.items():
         if cfg.position_encoding == "learned":
-            entries.append(_copy(f"{stack}/positions/position_embedding", f"{stack}.positions.weight",
-                                 (cfg.max_len, cfg.d_model)))
+            entries.append(
+                _copy(f"{stack}/positions/position_embedding", f"{stack}.positions.weight", (cfg.max_len, cfg.d_model))
+            )
         for index in range(num_layers):
             flax_layer, torch_layer = f"{stack}/layer_{index}", f"{stack}.layers.{index}"
             for flax_name, torch_attention, torch_norm in sublayers:
                 if torch_attention is None:
                     entries += _ffn_entries(cfg, f"{flax_layer}/{flax_name}", torch_layer)
                 else:
-                    entries += _attention_entries(cfg, f"{flax_layer}/{flax_name}",
-                                                  f"{torch_layer}.{torch_attention}")
+                    entries += _attention_entries(cfg, f"{flax_layer}/{flax_name}", f"{torch_layer}.{torch_attention}")
                 entries += _norm_entries(cfg, f"{flax_layer}/{flax_name}_norm", f"{torch_layer}.{torch_norm}")
         if cfg.norm_position == "pre":
             entries += _norm_entries(cfg, f"{stack}/final_norm", f"{stack}.norm")
     return entries
 
 
-_HINT = ("Check that the ModelConfig matches the one the parameters were made with "
-         "(sizes, norm_position, attention_bias, share_embeddings, position_encoding).")
+_HINT = (
+    "Check that the ModelConfig matches the one the parameters were made with "
+    "(sizes, norm_position, attention_bias, share_embeddings, position_encoding)."
+)
 
 
 def _check_names(kind: str, got: set[str], expected: set[str]) -> None:
@@ -215,8 +238,7 @@ def flax_to_torch_state_dict(params: Any, config: ModelConfig) -> dict[str, torc
     Also converts anything shaped like the params, e.g. gradients. Raises ConversionError naming every
     missing or unexpected parameter, or the first one with a wrong shape.
     """
-    flat = {"/".join(path): np.asarray(value)
-            for path, value in traverse_util.flatten_dict(_flax_tree(params)).items()}
+    flat = {"/".join(path): np.asarray(value) for path, value in traverse_util.flatten_dict(_flax_tree(params)).items()}
     entries = parameter_map(config)
     _check_names("Flax", set(flat), {path for entry in entries for path in entry.flax_paths})
     state_dict = {}

@@ -50,8 +50,12 @@ __all__ = ["TorchTransformer", "torch_greedy_decode"]
 
 def _attention(cfg: ModelConfig, device=None) -> nn.MultiheadAttention:
     return nn.MultiheadAttention(
-        cfg.d_model, cfg.num_heads, dropout=cfg.attention_dropout_rate, bias=cfg.attention_bias,
-        batch_first=True, device=device,
+        cfg.d_model,
+        cfg.num_heads,
+        dropout=cfg.attention_dropout_rate,
+        bias=cfg.attention_bias,
+        batch_first=True,
+        device=device,
     )
 
 
@@ -79,17 +83,18 @@ class _Stack(nn.Module):
             table = torch.from_numpy(sinusoidal_table(cfg.max_len, cfg.d_model, cfg.sinusoid_layout))
             self.register_buffer("position_table", table.to(device), persistent=False)  # [max_len, d_model]
         self.norm = (
-            nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_epsilon, device=device)
-            if cfg.norm_position == "pre" else None
+            nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_epsilon, device=device) if cfg.norm_position == "pre" else None
         )
 
     def position_encoding(self, length: int, offset: int = 0) -> torch.Tensor:
         """[length, d_model] encodings of positions offset..offset+length-1."""
         if offset + length > self.max_len:
-            raise ValueError(f"positions up to {offset + length - 1} requested but ModelConfig.max_len="
-                             f"{self.max_len}; shorten the input or use a config with a larger max_len.")
+            raise ValueError(
+                f"positions up to {offset + length - 1} requested but ModelConfig.max_len="
+                f"{self.max_len}; shorten the input or use a config with a larger max_len."
+            )
         table = self.positions.weight if hasattr(self, "positions") else self.get_buffer("position_table")
-        return table[offset:offset + length]
+        return table[offset : offset + length]
 
 
 class TorchTransformer(nn.Module):
@@ -103,9 +108,16 @@ class TorchTransformer(nn.Module):
         super().__init__()
         cfg = self.config = config
         common = dict(
-            d_model=cfg.d_model, nhead=cfg.num_heads, dim_feedforward=cfg.d_ff, dropout=cfg.dropout_rate,
-            activation="relu", layer_norm_eps=cfg.layer_norm_epsilon, batch_first=True,
-            norm_first=cfg.norm_position == "pre", bias=True, device=device,
+            d_model=cfg.d_model,
+            nhead=cfg.num_heads,
+            dim_feedforward=cfg.d_ff,
+            dropout=cfg.dropout_rate,
+            activation="relu",
+            layer_norm_eps=cfg.layer_norm_epsilon,
+            batch_first=True,
+            norm_first=cfg.norm_position == "pre",
+            bias=True,
+            device=device,
         )
         if cfg.share_embeddings:
             self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, device=device)
@@ -156,7 +168,10 @@ class TorchTransformer(nn.Module):
         y = self._embed(self.target_embedding, self.decoder, decoder_inputs)
         for layer in self.decoder.layers:
             y = layer(
-                y, encoded, tgt_mask=causal, tgt_key_padding_mask=decoder_inputs == cfg.pad_id,
+                y,
+                encoded,
+                tgt_mask=causal,
+                tgt_key_padding_mask=decoder_inputs == cfg.pad_id,
                 memory_key_padding_mask=inputs == cfg.pad_id,
             )
         if self.decoder.norm is not None:
@@ -170,8 +185,9 @@ class TorchTransformer(nn.Module):
 
 
 @torch.no_grad()
-def torch_greedy_decode(model: TorchTransformer, inputs: torch.Tensor, max_length: int,
-                        stop_early: bool = True) -> torch.Tensor:
+def torch_greedy_decode(
+    model: TorchTransformer, inputs: torch.Tensor, max_length: int, stop_early: bool = True
+) -> torch.Tensor:
     """Greedy decoding that recomputes the whole prefix at every step (no cache): the simple reference.
 
     Starts from bos_id and never picks pad_id (as `transformer_jax.decoding.greedy_decode`); returns
@@ -185,7 +201,7 @@ def torch_greedy_decode(model: TorchTransformer, inputs: torch.Tensor, max_lengt
     tokens[:, 0] = cfg.bos_id
     finished = torch.zeros(batch, dtype=torch.bool, device=inputs.device)
     for index in range(max_length):
-        logits = model.decode(encoded, inputs, tokens[:, :index + 1])[:, -1]  # [batch, vocab]
+        logits = model.decode(encoded, inputs, tokens[:, : index + 1])[:, -1]  # [batch, vocab]
         logits[:, cfg.pad_id] = -math.inf
         token = torch.where(finished, cfg.pad_id, logits.argmax(-1))
         tokens[:, index + 1] = token
@@ -193,5 +209,3 @@ def torch_greedy_decode(model: TorchTransformer, inputs: torch.Tensor, max_lengt
         if stop_early and bool(finished.all()):
             break
     return tokens[:, 1:]
-
-

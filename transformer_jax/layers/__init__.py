@@ -6,6 +6,15 @@ from transformer_jax.layers.feedforward import FeedForward
 from transformer_jax.layers.masks import causal_mask, combine_masks, padding_mask, segment_mask
 
 __all__ = [
-    "FeedForward", "MultiHeadAttention", "PositionalEncoding", "TokenEmbedding", "attention_weights",
-    "causal_mask", "combine_masks", "dot_product_attention", "padding_mask", "segment_mask", "sinusoidal_table",
+    "FeedForward",
+    "MultiHeadAttention",
+    "PositionalEncoding",
+    "TokenEmbedding",
+    "attention_weights",
+    "causal_mask",
+    "combine_masks",
+    "dot_product_attention",
+    "padding_mask",
+    "segment_mask",
+    "sinusoidal_table",
 ]

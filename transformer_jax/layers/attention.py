@@ -77,8 +77,13 @@ def dot_product_attention(
     query: [batch, q_len, heads, head_dim]; key, value: [batch, kv_len, heads, head_dim].
     Returns [batch, q_len, heads, head_dim] in the value's dtype.
     """
-    return read_values(attention_weights(query, key, mask), value, dropout_rate=dropout_rate,
-                       dropout_rng=dropout_rng, deterministic=deterministic)
+    return read_values(
+        attention_weights(query, key, mask),
+        value,
+        dropout_rate=dropout_rate,
+        dropout_rng=dropout_rng,
+        deterministic=deterministic,
+    )
 
 
 class MultiHeadAttention(nn.Module):
@@ -95,8 +100,12 @@ class MultiHeadAttention(nn.Module):
     def _projection(self, name: str) -> nn.DenseGeneral:
         cfg = self.config
         return nn.DenseGeneral(
-            features=(cfg.num_heads, cfg.head_dim), use_bias=cfg.attention_bias, name=name,
-            dtype=cfg.dtype, param_dtype=cfg.param_dtype, dot_general=dense_dot_general,
+            features=(cfg.num_heads, cfg.head_dim),
+            use_bias=cfg.attention_bias,
+            name=name,
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            dot_general=dense_dot_general,
             kernel_init=kernel_init(("embed", "heads", "kv")),
             bias_init=bias_init(("heads", "kv")),
         )
@@ -126,11 +135,21 @@ class MultiHeadAttention(nn.Module):
             dropout_rng = self.make_rng("dropout")
         weights = attention_weights(query, key, mask)  # [batch, heads, q_len, kv_len]
         self.sow("intermediates", "attention_weights", weights)  # for attention maps (visualize.py)
-        attended = read_values(weights, value, dropout_rate=cfg.attention_dropout_rate,
-                               dropout_rng=dropout_rng, deterministic=deterministic)  # [batch, q_len, heads, head_dim]
+        attended = read_values(
+            weights,
+            value,
+            dropout_rate=cfg.attention_dropout_rate,
+            dropout_rng=dropout_rng,
+            deterministic=deterministic,
+        )  # [batch, q_len, heads, head_dim]
         return nn.DenseGeneral(
-            features=cfg.d_model, axis=(-2, -1), use_bias=cfg.attention_bias, name="out",
-            dtype=cfg.dtype, param_dtype=cfg.param_dtype, dot_general=dense_dot_general,
+            features=cfg.d_model,
+            axis=(-2, -1),
+            use_bias=cfg.attention_bias,
+            name="out",
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            dot_general=dense_dot_general,
             kernel_init=kernel_init(("heads", "kv", "embed")),
             bias_init=bias_init(("embed",)),
         )(attended)  # [batch, q_len, d_model]
@@ -159,10 +178,12 @@ class MultiHeadAttention(nn.Module):
         max_length = cached_key.value.shape[1]
         index = cache_index.value
         # key, value: [batch, 1, heads, head_dim] -> cache [batch, max_length, heads, head_dim]
-        cached_key.value = lax.dynamic_update_slice(cached_key.value, key.astype(cached_key.value.dtype),
-                                                    (0, index, 0, 0))
-        cached_value.value = lax.dynamic_update_slice(cached_value.value,
-                                                      value.astype(cached_value.value.dtype), (0, index, 0, 0))
+        cached_key.value = lax.dynamic_update_slice(
+            cached_key.value, key.astype(cached_key.value.dtype), (0, index, 0, 0)
+        )
+        cached_value.value = lax.dynamic_update_slice(
+            cached_value.value, value.astype(cached_value.value.dtype), (0, index, 0, 0)
+        )
         cache_index.value = index + 1
         filled = (jnp.arange(max_length) <= index)[None, None, None, :]  # [1, 1, 1, max_length]
         return cached_key.value, cached_value.value, combine_masks(mask, filled)

@@ -38,8 +38,9 @@ class TokenEmbedding(nn.Module):
         cfg = self.config
         self.embedding = self.param(
             "embedding",
-            nn.with_logical_partitioning(nn.initializers.normal(stddev=cfg.d_model ** -0.5), ("vocab", "embed")),
-            (cfg.vocab_size, cfg.d_model), cfg.param_dtype,
+            nn.with_logical_partitioning(nn.initializers.normal(stddev=cfg.d_model**-0.5), ("vocab", "embed")),
+            (cfg.vocab_size, cfg.d_model),
+            cfg.param_dtype,
         )  # [vocab, d_model]
 
     def __call__(self, tokens: jnp.ndarray) -> jnp.ndarray:
@@ -50,8 +51,6 @@ class TokenEmbedding(nn.Module):
     def attend(self, x: jnp.ndarray) -> jnp.ndarray:
         """Pre-softmax projection with the transposed embedding: [batch, length, d_model] -> [..., vocab]."""
         return dense(x.astype(jnp.float32), self.embedding.astype(jnp.float32).T)  # [batch, length, vocab]
-
-
 
 
 class PositionalEncoding(nn.Module):
@@ -68,7 +67,8 @@ class PositionalEncoding(nn.Module):
         else:
             table = self.param(  # type: ignore[assignment]  # the unboxed array under nn.compact
                 "position_embedding",
-                nn.with_logical_partitioning(nn.initializers.normal(stddev=cfg.d_model ** -0.5), (None, "embed")),
-                (cfg.max_len, cfg.d_model), cfg.param_dtype,
+                nn.with_logical_partitioning(nn.initializers.normal(stddev=cfg.d_model**-0.5), (None, "embed")),
+                (cfg.max_len, cfg.d_model),
+                cfg.param_dtype,
             )  # [max_len, d_model]
         return jnp.take(table, positions, axis=0).astype(cfg.dtype)

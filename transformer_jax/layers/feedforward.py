@@ -20,12 +20,22 @@ class FeedForward(nn.Module):
         cfg = self.config
         # x: [batch, length, d_model]
         hidden = nn.Dense(
-            cfg.d_ff, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name="wi", dot_general=dense_dot_general,
-            kernel_init=kernel_init(("embed", "mlp")), bias_init=bias_init(("mlp",)),
+            cfg.d_ff,
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            name="wi",
+            dot_general=dense_dot_general,
+            kernel_init=kernel_init(("embed", "mlp")),
+            bias_init=bias_init(("mlp",)),
         )(x)  # [batch, length, d_ff]
         hidden = nn.relu(hidden)
         hidden = nn.Dropout(rate=cfg.relu_dropout_rate)(hidden, deterministic=deterministic)
         return nn.Dense(
-            cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name="wo", dot_general=dense_dot_general,
-            kernel_init=kernel_init(("mlp", "embed")), bias_init=bias_init(("embed",)),
+            cfg.d_model,
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            name="wo",
+            dot_general=dense_dot_general,
+            kernel_init=kernel_init(("mlp", "embed")),
+            bias_init=bias_init(("embed",)),
         )(hidden)  # [batch, length, d_model]

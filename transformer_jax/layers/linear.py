@@ -44,8 +44,12 @@ def dense_dot_general(x, kernel, dimension_numbers, precision=None, preferred_el
     only apply to that fallback."""
     (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
     n = len(lhs_contract)
-    if (lhs_batch or rhs_batch or tuple(lhs_contract) != tuple(range(x.ndim - n, x.ndim))
-            or tuple(rhs_contract) != tuple(range(n))):
+    if (
+        lhs_batch
+        or rhs_batch
+        or tuple(lhs_contract) != tuple(range(x.ndim - n, x.ndim))
+        or tuple(rhs_contract) != tuple(range(n))
+    ):
         return jax.lax.dot_general(x, kernel, dimension_numbers, precision, preferred_element_type)
     d_in = int(np.prod(kernel.shape[:n]))
-    return dense(x.reshape(x.shape[:x.ndim - n] + (d_in,)), kernel.reshape((d_in,) + kernel.shape[n:]))
+    return dense(x.reshape(x.shape[: x.ndim - n] + (d_in,)), kernel.reshape((d_in,) + kernel.shape[n:]))

@@ -6,6 +6,15 @@ from transformer_jax.train.state import TrainState, create_train_state, state_in
 from transformer_jax.train.step import make_eval_step, make_train_step
 
 __all__ = [
-    "LossSums", "cross_entropy_sums", "smoothed_targets", "summarize", "make_optimizer", "transformer_schedule",
-    "TrainState", "create_train_state", "state_initializer", "make_eval_step", "make_train_step",
+    "LossSums",
+    "cross_entropy_sums",
+    "smoothed_targets",
+    "summarize",
+    "make_optimizer",
+    "transformer_schedule",
+    "TrainState",
+    "create_train_state",
+    "state_initializer",
+    "make_eval_step",
+    "make_train_step",
 ]

@@ -66,19 +66,38 @@ class _Compiled(NamedTuple):
 
 
 @functools.lru_cache(maxsize=8)
-def _compiled_functions(model_cfg: ModelConfig, optimizer: OptimizerConfig, label_smoothing: float, accum_steps: int,
-                        mesh: jax.sharding.Mesh, rules: tuple, mode: str, fast_compile: bool,
-                        dropout_prng: str) -> _Compiled:
+def _compiled_functions(
+    model_cfg: ModelConfig,
+    optimizer: OptimizerConfig,
+    label_smoothing: float,
+    accum_steps: int,
+    mesh: jax.sharding.Mesh,
+    rules: tuple,
+    mode: str,
+    fast_compile: bool,
+    dropout_prng: str,
+) -> _Compiled:
     """Jitted init / train / eval functions, cached so that a second run in one process reuses compilations."""
     tx, schedule = make_optimizer(optimizer, model_cfg.d_model)
     model = Transformer(model_cfg)
     options = FAST_COMPILE_OPTIONS if fast_compile else None
     init, shardings, abstract = state_initializer(model_cfg, tx, mesh, rules, accum_steps, options)
-    runner = make_runner(mode, model, tx, schedule, label_smoothing=label_smoothing, accum_steps=accum_steps,
-                         mesh=mesh, state_shardings=shardings, rules=rules, compiler_options=options,
-                         dropout_prng=dropout_prng)
-    eval_step = jit_eval_step(make_eval_step(model, label_smoothing=label_smoothing), shardings.params, mesh, rules,
-                              options)
+    runner = make_runner(
+        mode,
+        model,
+        tx,
+        schedule,
+        label_smoothing=label_smoothing,
+        accum_steps=accum_steps,
+        mesh=mesh,
+        state_shardings=shardings,
+        rules=rules,
+        compiler_options=options,
+        dropout_prng=dropout_prng,
+    )
+    eval_step = jit_eval_step(
+        make_eval_step(model, label_smoothing=label_smoothing), shardings.params, mesh, rules, options
+    )
     return _Compiled(init, runner, eval_step, abstract)
 
 
@@ -93,8 +112,13 @@ def _shared_tokenizer(workdir: Path, source, experiment: Experiment):
     data = experiment.data
     if jax.process_index() == 0:
         tokenizer = load_or_train_tokenizer(
-            workdir, source.pairs("train"), data.vocab_size, model_type=data.tokenizer_model_type,
-            max_sentences=data.tokenizer_max_sentences, seed=experiment.train.seed)
+            workdir,
+            source.pairs("train"),
+            data.vocab_size,
+            model_type=data.tokenizer_model_type,
+            max_sentences=data.tokenizer_max_sentences,
+            seed=experiment.train.seed,
+        )
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
@@ -102,8 +126,10 @@ def _shared_tokenizer(workdir: Path, source, experiment: Experiment):
     if jax.process_index() != 0:
         path = workdir / MODEL_FILENAME
         if not path.is_file():
-            raise FileNotFoundError(f"{path} not found on process {jax.process_index()} after process 0 wrote it: "
-                                    f"the workdir must be on a filesystem that every process shares.")
+            raise FileNotFoundError(
+                f"{path} not found on process {jax.process_index()} after process 0 wrote it: "
+                f"the workdir must be on a filesystem that every process shares."
+            )
         tokenizer = Tokenizer.from_bytes(path.read_bytes())
     return tokenizer
 
@@ -149,21 +175,32 @@ def prepare(experiment: Experiment, workdir: str | Path, started: float | None =
         raise ConfigError(f"mesh section: {error}") from None
     batch_axes = mesh.shape["data"] * mesh.shape["fsdp"]
     if data.eval_batch_size % batch_axes:
-        raise ConfigError(f"data.eval_batch_size={data.eval_batch_size} must be a multiple of the "
-                          f"data x fsdp mesh size {batch_axes}.")
+        raise ConfigError(
+            f"data.eval_batch_size={data.eval_batch_size} must be a multiple of the data x fsdp mesh size {batch_axes}."
+        )
 
     workdir.mkdir(parents=True, exist_ok=True)
     timings = {"setup": time.perf_counter() - started}
     tokenizer = _shared_tokenizer(workdir, source, experiment)
-    model_cfg = experiment.model.replace(vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id,
-                                         bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
+    model_cfg = experiment.model.replace(
+        vocab_size=tokenizer.vocab_size, pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id
+    )
     try:
         parallel.check_model_fits_mesh(model_cfg, mesh, rules)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     timings["tokenizer"] = time.perf_counter() - started - sum(timings.values())
-    compiled = _compiled_functions(model_cfg, experiment.optimizer, train.label_smoothing, train.accum_steps, mesh,
-                                   rules, experiment.mesh.mode, train.fast_compile, train.dropout_prng)
+    compiled = _compiled_functions(
+        model_cfg,
+        experiment.optimizer,
+        train.label_smoothing,
+        train.accum_steps,
+        mesh,
+        rules,
+        experiment.mesh.mode,
+        train.fast_compile,
+        train.dropout_prng,
+    )
 
     is_main = jax.process_index() == 0
     checkpointer = ckpt.Checkpointer(workdir, keep=train.keep_checkpoints, async_save=train.async_checkpoints)
@@ -180,21 +217,42 @@ def prepare(experiment: Experiment, workdir: str | Path, started: float | None =
         boundaries = tuple(data.bucket_boundaries) or None
         special_ids = dict(pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
         batches = TrainBatches(
-            tokenizer.encode_pairs(source.pairs("train")), tokens_per_batch=data.tokens_per_batch,
-            max_len=data.max_len, seed=train.seed, bucket_boundaries=boundaries, batch_multiple=batch_axes,
-            pack=data.pack, shard_index=shard[0], shard_count=shard[1], **special_ids)
+            tokenizer.encode_pairs(source.pairs("train")),
+            tokens_per_batch=data.tokens_per_batch,
+            max_len=data.max_len,
+            seed=train.seed,
+            bucket_boundaries=boundaries,
+            batch_multiple=batch_axes,
+            pack=data.pack,
+            shard_index=shard[0],
+            shard_count=shard[1],
+            **special_ids,
+        )
         valid_pairs = list(source.pairs("validation"))
-        valid = [batch for _, batch in eval_batches(
-            tokenizer.encode_pairs(valid_pairs), batch_size=data.eval_batch_size, max_len=data.max_len,
-            bucket_boundaries=boundaries, **special_ids)]
+        valid = [
+            batch
+            for _, batch in eval_batches(
+                tokenizer.encode_pairs(valid_pairs),
+                batch_size=data.eval_batch_size,
+                max_len=data.max_len,
+                bucket_boundaries=boundaries,
+                **special_ids,
+            )
+        ]
         if data.max_eval_batches:
-            valid = valid[:data.max_eval_batches]
+            valid = valid[: data.max_eval_batches]
 
-        skipped = {split: counts for split, counts in getattr(source, "skipped", {}).items()
-                   if counts.empty or counts.too_long}
+        skipped = {
+            split: counts for split, counts in getattr(source, "skipped", {}).items() if counts.empty or counts.too_long
+        }
         if skipped and is_main:
-            print("skipped pairs: " + "; ".join(f"{split} {c.empty} empty, {c.too_long} too long (kept {c.kept})"
-                                                  for split, c in skipped.items()), flush=True)
+            print(
+                "skipped pairs: "
+                + "; ".join(
+                    f"{split} {c.empty} empty, {c.too_long} too long (kept {c.kept})" for split, c in skipped.items()
+                ),
+                flush=True,
+            )
         timings["data"] = time.perf_counter() - started - sum(timings.values())
         if restored is not None:
             latest, state, data_state = restored
@@ -203,17 +261,30 @@ def prepare(experiment: Experiment, workdir: str | Path, started: float | None =
         else:
             state = compiled.init(jax.random.PRNGKey(train.seed))
         micro_step = int(jax.device_get(state.step))
-        return Run(experiment=experiment, workdir=workdir, model=model_cfg, tokenizer=tokenizer, mesh=mesh,
-                   rules=rules, shard=shard, compiled=compiled, checkpointer=checkpointer, batches=batches,
-                   valid=valid, valid_pairs=valid_pairs, state=compiled.runner.place_state(state),
-                   micro_step=micro_step, started=started, timings=timings)
+        return Run(
+            experiment=experiment,
+            workdir=workdir,
+            model=model_cfg,
+            tokenizer=tokenizer,
+            mesh=mesh,
+            rules=rules,
+            shard=shard,
+            compiled=compiled,
+            checkpointer=checkpointer,
+            batches=batches,
+            valid=valid,
+            valid_pairs=valid_pairs,
+            state=compiled.runner.place_state(state),
+            micro_step=micro_step,
+            started=started,
+            timings=timings,
+        )
     except BaseException:
         checkpointer.close()
         raise
 
 
-def train(experiment: Experiment, workdir: str | Path,
-          on_update: Callable[[int, dict], None] | None = None) -> dict:
+def train(experiment: Experiment, workdir: str | Path, on_update: Callable[[int, dict], None] | None = None) -> dict:
     """Trains (or resumes) `experiment` in `workdir`. Returns a summary of the run.
 
     on_update(update, metrics): optional hook called when an update has finished on the device, with its metrics
@@ -224,8 +295,9 @@ def train(experiment: Experiment, workdir: str | Path,
     try:
         accum = experiment.train.accum_steps
         total = None if experiment.train.max_minutes else experiment.train.steps  # a budget stops when time is up
-        log = ProgressLog(run.workdir, run.micro_step // accum, total, experiment.train.progress, write=is_main,
-                          started=run.started)
+        log = ProgressLog(
+            run.workdir, run.micro_step // accum, total, experiment.train.progress, write=is_main, started=run.started
+        )
         try:
             summary = Loop(run, log, on_update).run()
         finally:
@@ -243,9 +315,12 @@ def _check_resumable(workdir: Path, resolved: dict) -> None:
         return
     refused, allowed = resume_changes(ckpt.load_config(workdir), resolved)
     if refused:
-        raise ConfigError(f"{workdir} holds a run whose checkpoint does not continue with this config; changed:\n  "
-                          + "\n  ".join(refused) + "\nUse the run's own settings (--config "
-                          f"{workdir / ckpt.CONFIG_FILENAME} replays them) or a fresh --workdir. Nothing was changed.")
+        raise ConfigError(
+            f"{workdir} holds a run whose checkpoint does not continue with this config; changed:\n  "
+            + "\n  ".join(refused)
+            + "\nUse the run's own settings (--config "
+            f"{workdir / ckpt.CONFIG_FILENAME} replays them) or a fresh --workdir. Nothing was changed."
+        )
     if allowed:
         logger.warning("resuming with changed settings: %s", "; ".join(allowed))
 
@@ -310,10 +385,18 @@ class Loop:
 
     def __init__(self, run: Run, log: ProgressLog, on_update: Callable[[int, dict], None] | None = None):
         self.train_cfg, self.decode_cfg = run.experiment.train, run.experiment.decode
-        self.model_cfg, self.tokenizer, self.runner, self.eval_step = (run.model, run.tokenizer, run.compiled.runner,
-                                                                       run.compiled.eval_step)
-        self.checkpointer, self.batches, self.valid, self.valid_pairs = (run.checkpointer, run.batches, run.valid,
-                                                                         run.valid_pairs)
+        self.model_cfg, self.tokenizer, self.runner, self.eval_step = (
+            run.model,
+            run.tokenizer,
+            run.compiled.runner,
+            run.compiled.eval_step,
+        )
+        self.checkpointer, self.batches, self.valid, self.valid_pairs = (
+            run.checkpointer,
+            run.batches,
+            run.valid,
+            run.valid_pairs,
+        )
         self.mesh, self.rules, self.shard, self.log, self.on_update = run.mesh, run.rules, run.shard, log, on_update
         self.state, self.micro_step, self.started, self.timings = run.state, run.micro_step, run.started, run.timings
         self.in_flight: collections.deque[_InFlight] = collections.deque()
@@ -328,10 +411,11 @@ class Loop:
         update = start = self.micro_step // accum
         self.summary["start_step"] = start
         dropped = self.batches.dropped
-        self.log.message(f"model: {count_parameters(self.model_cfg).total:,} parameters, vocab "
-                         f"{self.model_cfg.vocab_size}; {'resuming at' if update else 'starting at'} update {update} "
-                         f"of {train_cfg.steps}" + (f"; {dropped} training pairs longer than max_len dropped"
-                                                    if dropped else ""))
+        self.log.message(
+            f"model: {count_parameters(self.model_cfg).total:,} parameters, vocab "
+            f"{self.model_cfg.vocab_size}; {'resuming at' if update else 'starting at'} update {update} "
+            f"of {train_cfg.steps}" + (f"; {dropped} training pairs longer than max_len dropped" if dropped else "")
+        )
         first_step_time = None
         last_saved = update if update else None
         budget = _TimeBudget(train_cfg.max_minutes, started, train_cfg.log_every)
@@ -347,8 +431,11 @@ class Loop:
                     self._drain()
                     first_step_time = time.perf_counter() - started
                     parts = dict(timings, **{"init/restore, compile, step": first_step_time - sum(timings.values())})
-                    self.log.message(f"time to first step: {first_step_time:.1f} s ("
-                                     + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in parts.items()) + ")")
+                    self.log.message(
+                        f"time to first step: {first_step_time:.1f} s ("
+                        + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in parts.items())
+                        + ")"
+                    )
                     self.window_tokens, self.window_start = 0, time.perf_counter()
                 while len(self.in_flight) >= MAX_IN_FLIGHT:
                     self._finish_oldest()
@@ -364,8 +451,9 @@ class Loop:
                 self.summary["interrupted"] = stop.signal_name
                 if last_saved != update:
                     self._save(update, wait=True)
-                    self.log.message(f"{stop.signal_name}: saved a checkpoint at update {update}; "
-                                     f"run the same command to resume.")
+                    self.log.message(
+                        f"{stop.signal_name}: saved a checkpoint at update {update}; run the same command to resume."
+                    )
             if budget.stopped and update > start:
                 if last_saved != update:
                     self._save(update, wait=True)
@@ -404,8 +492,14 @@ class Loop:
             elapsed = max(time.perf_counter() - self.window_start, 1e-9)
             values["tokens_per_sec"] = self.window_tokens * self.shard[1] / elapsed  # all processes' rows
             self.log.log("train", update, values)
-            self.log.progress(0, {"loss": f"{values['loss']:.3f}", "lr": f"{values['learning_rate']:.2e}",
-                                  "tok/s": f"{values['tokens_per_sec']:.0f}"})
+            self.log.progress(
+                0,
+                {
+                    "loss": f"{values['loss']:.3f}",
+                    "lr": f"{values['learning_rate']:.2e}",
+                    "tok/s": f"{values['tokens_per_sec']:.0f}",
+                },
+            )
             self.summary["train"] = values
             self.window, self.window_tokens, self.window_start = [], 0, time.perf_counter()
         self.log.progress(1)
@@ -429,29 +523,40 @@ class Loop:
         if loss_due:
             metrics = validation_loss(self.eval_step, self._params(), self.valid, self.mesh, self.rules, self.shard)
             self.log.log("eval", update, metrics)
-            self.log.message(f"update {update}: validation loss {metrics['loss']:.4f}, NLL {metrics['nll']:.4f}, "
-                             f"perplexity {metrics['perplexity']:.2f}, accuracy {metrics['accuracy']:.3f}")
+            self.log.message(
+                f"update {update}: validation loss {metrics['loss']:.4f}, NLL {metrics['nll']:.4f}, "
+                f"perplexity {metrics['perplexity']:.2f}, accuracy {metrics['accuracy']:.3f}"
+            )
             self.summary["eval"] = metrics
         if bleu_due:
-            self._bleu(update, "bleu", "greedy", self.valid_pairs[:train_cfg.bleu_max_sentences])
+            self._bleu(update, "bleu", "greedy", self.valid_pairs[: train_cfg.bleu_max_sentences])
         self.window_start += time.perf_counter() - began
 
     def _bleu(self, update: int, kind: str, method: str, pairs) -> None:
         """Decodes `pairs` with `method`, logs BLEU / chrF as a `kind` row (process 0) and in the summary."""
-        scores = validation_bleu(self.model_cfg, self._params(), self.tokenizer, pairs, self.decode_cfg,
-                                 method)
+        scores = validation_bleu(self.model_cfg, self._params(), self.tokenizer, pairs, self.decode_cfg, method)
         if scores is None:
             return
-        values = {"bleu": scores.bleu, "bleu_lowercase": scores.bleu_lowercase, "chrf": scores.chrf,
-                  "sentences": scores.sentences}
+        values = {
+            "bleu": scores.bleu,
+            "bleu_lowercase": scores.bleu_lowercase,
+            "chrf": scores.chrf,
+            "sentences": scores.sentences,
+        }
         self.log.log(kind, update, dict(values, method=method))
-        self.log.message(f"update {update}: validation {method} BLEU {scores.bleu:.2f}, chrF {scores.chrf:.2f} "
-                         f"({scores.sentences} sentences)")
+        self.log.message(
+            f"update {update}: validation {method} BLEU {scores.bleu:.2f}, chrF {scores.chrf:.2f} "
+            f"({scores.sentences} sentences)"
+        )
         self.summary[kind] = values
 
     def _params(self):
         return self.runner.host_state(self.state).params
 
     def _save(self, update: int, wait: bool = False) -> None:
-        self.checkpointer.save(update, self.runner.host_state(self.state),
-                               {"batches": self.batches.state(), "micro_step": self.micro_step}, wait=wait)
+        self.checkpointer.save(
+            update,
+            self.runner.host_state(self.state),
+            {"batches": self.batches.state(), "micro_step": self.micro_step},
+            wait=wait,
+        )

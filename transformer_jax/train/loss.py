@@ -42,8 +42,14 @@ def smoothed_targets(targets: jnp.ndarray, vocab_size: int, label_smoothing: flo
     return (1.0 - label_smoothing) * onehot + label_smoothing / vocab_size
 
 
-def cross_entropy_sums(logits: jnp.ndarray, targets: jnp.ndarray, *, label_smoothing: float,
-                       pad_id: int = 0, weights: jnp.ndarray | None = None) -> LossSums:
+def cross_entropy_sums(
+    logits: jnp.ndarray,
+    targets: jnp.ndarray,
+    *,
+    label_smoothing: float,
+    pad_id: int = 0,
+    weights: jnp.ndarray | None = None,
+) -> LossSums:
     """Label-smoothed cross-entropy summed over the target tokens that are not `pad_id`.
 
     logits: [batch, length, vocab] (any float dtype; promoted to float32);
@@ -92,8 +98,11 @@ def _token_losses_bwd(label_smoothing, residuals, cotangents):
     is_gold = lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1) == targets[..., None]
     gold_weight = (d_loss * (1.0 - label_smoothing) + d_nll) * mask  # [batch, length]
     probs_weight = (d_loss + d_nll) * mask
-    d_logits = (probs * probs_weight[..., None] - jnp.where(is_gold, gold_weight[..., None], 0.0)
-                - (d_loss * label_smoothing / vocab_size) * mask[..., None])
+    d_logits = (
+        probs * probs_weight[..., None]
+        - jnp.where(is_gold, gold_weight[..., None], 0.0)
+        - (d_loss * label_smoothing / vocab_size) * mask[..., None]
+    )
     zeros = np.zeros(targets.shape, dtype=jax.dtypes.float0)
     return d_logits, zeros, jnp.zeros_like(mask)
 

@@ -23,7 +23,7 @@ def transformer_schedule(d_model: int, warmup_steps: int = 4000, scale: float = 
 
     def schedule(count):
         step = jnp.asarray(count, jnp.float32) + 1.0
-        return scale * d_model ** -0.5 * jnp.minimum(step ** -0.5, step * warmup_steps ** -1.5)
+        return scale * d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.5)
 
     return schedule
 

@@ -34,15 +34,33 @@ from transformer_jax.train.step import make_train_step
 AXIS_NAME = "devices"
 
 
-def make_pmap_train_step(model: Transformer, tx: optax.GradientTransformation, schedule: optax.Schedule, *,
-                         label_smoothing: float, accum_steps: int = 1,
-                         devices: Sequence[jax.Device] | None = None, donate: bool = True,
-                         dropout_prng: str = "rbg_threefry") -> Callable:
+def make_pmap_train_step(
+    model: Transformer,
+    tx: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    *,
+    label_smoothing: float,
+    accum_steps: int = 1,
+    devices: Sequence[jax.Device] | None = None,
+    donate: bool = True,
+    dropout_prng: str = "rbg_threefry",
+) -> Callable:
     """`jax.pmap`ped step: (replicated state, batch [devices, b, ...]) -> (replicated state, replicated metrics)."""
-    step = make_train_step(model, tx, schedule, label_smoothing=label_smoothing, accum_steps=accum_steps,
-                           axis_name=AXIS_NAME, dropout_prng=dropout_prng)
-    return jax.pmap(step, axis_name=AXIS_NAME, devices=None if devices is None else list(devices),
-                    donate_argnums=(0,) if donate else ())
+    step = make_train_step(
+        model,
+        tx,
+        schedule,
+        label_smoothing=label_smoothing,
+        accum_steps=accum_steps,
+        axis_name=AXIS_NAME,
+        dropout_prng=dropout_prng,
+    )
+    return jax.pmap(
+        step,
+        axis_name=AXIS_NAME,
+        devices=None if devices is None else list(devices),
+        donate_argnums=(0,) if donate else (),
+    )
 
 
 def replicate(tree: Any, devices: Sequence[jax.Device] | None = None) -> Any:
@@ -68,7 +86,9 @@ def split_batch(batch: Mapping[str, np.ndarray], num_devices: int | None = None)
     for name, value in batch.items():
         value = np.asarray(value)
         if value.shape[0] % num_devices:
-            raise ValueError(f"batch[{name!r}] has {value.shape[0]} rows, not a multiple of the {num_devices} "
-                             f"devices of the pmap step; make the batch size a multiple of the device count.")
+            raise ValueError(
+                f"batch[{name!r}] has {value.shape[0]} rows, not a multiple of the {num_devices} "
+                f"devices of the pmap step; make the batch size a multiple of the device count."
+            )
         out[name] = value.reshape((num_devices, value.shape[0] // num_devices) + value.shape[1:])
     return out

@@ -45,8 +45,15 @@ class ProgressLog:
     write=False (processes other than 0 of a multi-process run): every method does nothing.
     """
 
-    def __init__(self, workdir: Path, start: int, total: int | None, progress: bool, write: bool = True,
-                 started: float | None = None):
+    def __init__(
+        self,
+        workdir: Path,
+        start: int,
+        total: int | None,
+        progress: bool,
+        write: bool = True,
+        started: float | None = None,
+    ):
         """total: the update the run stops at (None: unknown, e.g. a time budget); started: perf_counter() at the
         start of the run (default now)."""
         self.started = time.perf_counter() if started is None else started
@@ -126,8 +133,9 @@ def plot_curves(workdir: str | Path) -> Path | None:
     loss_axis.plot(steps, [row["loss"] for row in train_rows], label="train (label-smoothed)")
     loss_axis.plot(steps, [row["nll"] for row in train_rows], label="train NLL", alpha=0.7)
     if eval_rows:
-        loss_axis.plot([row["step"] for row in eval_rows], [row["nll"] for row in eval_rows], "o-",
-                       label="validation NLL")
+        loss_axis.plot(
+            [row["step"] for row in eval_rows], [row["nll"] for row in eval_rows], "o-", label="validation NLL"
+        )
     loss_axis.set_xlabel("step")
     loss_axis.set_ylabel("loss per target token (nats)")
     loss_axis.set_yscale("log")

@@ -38,23 +38,39 @@ class StepRunner(NamedTuple):
     metrics: Callable
 
 
-def make_runner(mode: str, model: Transformer, tx: optax.GradientTransformation, schedule: optax.Schedule, *,
-                label_smoothing: float, accum_steps: int, mesh: jax.sharding.Mesh, state_shardings: Any,
-                rules: parallel.Rules = parallel.DEFAULT_RULES, compiler_options: dict | None = None,
-                dropout_prng: str = "rbg_threefry") -> StepRunner:
+def make_runner(
+    mode: str,
+    model: Transformer,
+    tx: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    *,
+    label_smoothing: float,
+    accum_steps: int,
+    mesh: jax.sharding.Mesh,
+    state_shardings: Any,
+    rules: parallel.Rules = parallel.DEFAULT_RULES,
+    compiler_options: dict | None = None,
+    dropout_prng: str = "rbg_threefry",
+) -> StepRunner:
     """A StepRunner for mode 'jit' or 'pmap' (`mesh.mode`). pmap runs on the mesh's devices.
 
     jit: place_batch takes this process's rows (`parallel.data_shard`); compiler_options go to jax.jit
     (jax.pmap takes none).
     """
     if mode == "jit":
-        step = jit_train_step(make_train_step(model, tx, schedule, label_smoothing=label_smoothing,
-                                              accum_steps=accum_steps, dropout_prng=dropout_prng),
-                              state_shardings, mesh, rules,
-                              compiler_options)
+        step = jit_train_step(
+            make_train_step(
+                model, tx, schedule, label_smoothing=label_smoothing, accum_steps=accum_steps, dropout_prng=dropout_prng
+            ),
+            state_shardings,
+            mesh,
+            rules,
+            compiler_options,
+        )
         identity = lambda tree: tree  # noqa: E731
-        return StepRunner("jit", step, identity, lambda batch: parallel.global_batch(batch, mesh, rules),
-                          identity, identity)
+        return StepRunner(
+            "jit", step, identity, lambda batch: parallel.global_batch(batch, mesh, rules), identity, identity
+        )
     if mode != "pmap":
         raise ValueError(f"parallel mode {mode!r} is unknown; use 'jit' or 'pmap' (mesh.mode).")
     if mesh.shape["fsdp"] > 1 or mesh.shape["tensor"] > 1:
@@ -64,11 +80,24 @@ def make_runner(mode: str, model: Transformer, tx: optax.GradientTransformation,
     from transformer_jax.train.pmap_step import make_pmap_train_step, replicate, split_batch, unreplicate
 
     devices = list(mesh.devices.flat)
-    step = make_pmap_train_step(model, tx, schedule, label_smoothing=label_smoothing, accum_steps=accum_steps,
-                                devices=devices, dropout_prng=dropout_prng)
+    step = make_pmap_train_step(
+        model,
+        tx,
+        schedule,
+        label_smoothing=label_smoothing,
+        accum_steps=accum_steps,
+        devices=devices,
+        dropout_prng=dropout_prng,
+    )
 
     def host_state(state):
         return jax.device_put(unreplicate(state), state_shardings)
 
-    return StepRunner("pmap", step, lambda state: replicate(state, devices),
-                      lambda batch: split_batch(batch, len(devices)), host_state, unreplicate)
+    return StepRunner(
+        "pmap",
+        step,
+        lambda state: replicate(state, devices),
+        lambda batch: split_batch(batch, len(devices)),
+        host_state,
+        unreplicate,
+    )

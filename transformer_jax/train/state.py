@@ -61,9 +61,14 @@ def boxed_init_fn(model: Transformer, tx: optax.GradientTransformation, accum_st
     return init
 
 
-def state_initializer(model_cfg: ModelConfig, tx: optax.GradientTransformation, mesh: Mesh,
-                      rules: parallel.Rules = parallel.DEFAULT_RULES, accum_steps: int = 1,
-                      compiler_options: dict | None = None):
+def state_initializer(
+    model_cfg: ModelConfig,
+    tx: optax.GradientTransformation,
+    mesh: Mesh,
+    rules: parallel.Rules = parallel.DEFAULT_RULES,
+    accum_steps: int = 1,
+    compiler_options: dict | None = None,
+):
     """(init, state_shardings, abstract_state): `init(rng)` is jitted and returns the state on the mesh.
 
     The shardings are derived from the parameters' logical axis names; abstract_state is a tree of
@@ -72,17 +77,23 @@ def state_initializer(model_cfg: ModelConfig, tx: optax.GradientTransformation, 
     boxed_init = boxed_init_fn(Transformer(model_cfg), tx, accum_steps)
     abstract_boxed = jax.eval_shape(boxed_init, jax.random.PRNGKey(0))
     shardings = parallel.tree_shardings(abstract_boxed, mesh, rules)
-    init = jax.jit(lambda key: nn.unbox(boxed_init(key)), out_shardings=shardings,
-                   compiler_options=compiler_options)
+    init = jax.jit(lambda key: nn.unbox(boxed_init(key)), out_shardings=shardings, compiler_options=compiler_options)
     abstract = jax.tree.map(
         lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
-        nn.unbox(abstract_boxed), shardings,
+        nn.unbox(abstract_boxed),
+        shardings,
     )
     return init, shardings, abstract
 
 
-def create_train_state(model_cfg: ModelConfig, tx: optax.GradientTransformation, seed: int, mesh: Mesh,
-                       rules: parallel.Rules = parallel.DEFAULT_RULES, accum_steps: int = 1):
+def create_train_state(
+    model_cfg: ModelConfig,
+    tx: optax.GradientTransformation,
+    seed: int,
+    mesh: Mesh,
+    rules: parallel.Rules = parallel.DEFAULT_RULES,
+    accum_steps: int = 1,
+):
     """Initialises the state on the mesh. Returns (state, state_shardings, abstract_state)."""
     init, shardings, abstract = state_initializer(model_cfg, tx, mesh, rules, accum_steps)
     return init(jax.random.PRNGKey(seed)), shardings, abstract

@@ -42,21 +42,29 @@ def model_logits(model: Transformer, params, batch: dict, *, deterministic: bool
     """float32 logits [batch, tgt_len, vocab] of a (possibly packed) batch."""
     extra = {arg: batch[key] for key, arg in PACKING_KEYS.items() if key in batch}
     rngs = None if deterministic else {"dropout": dropout_rng}
-    return model.apply({"params": params}, batch["inputs"], batch["decoder_inputs"], deterministic=deterministic,
-                       rngs=rngs, **extra)
+    return model.apply(
+        {"params": params}, batch["inputs"], batch["decoder_inputs"], deterministic=deterministic, rngs=rngs, **extra
+    )
 
 
 def _rbg_threefry_bits(key: jax.Array, bit_width: int, shape: tuple[int, ...]) -> jax.Array:
     """Random bits from XLA's RngBitGenerator running Threefry (on a CPU ~4x faster than its default, Philox)."""
-    _, bits = jax.lax.rng_bit_generator(key, shape, dtype=jnp.dtype(f"uint{bit_width}"),
-                                        algorithm=jax.lax.RandomAlgorithm.RNG_THREE_FRY)
+    _, bits = jax.lax.rng_bit_generator(
+        key, shape, dtype=jnp.dtype(f"uint{bit_width}"), algorithm=jax.lax.RandomAlgorithm.RNG_THREE_FRY
+    )
     return bits
 
 
 # jax.random key implementation: rbg's seeding, splitting and folding, Threefry bits inside RngBitGenerator.
 RBG_THREEFRY = jax_random_ext.define_prng_impl(
-    key_shape=(4,), seed=jax_random_ext.rbg_prng_impl.seed, split=jax_random_ext.rbg_prng_impl.split,
-    random_bits=_rbg_threefry_bits, fold_in=jax_random_ext.rbg_prng_impl.fold_in, name="rbg_threefry", tag="rbg3")
+    key_shape=(4,),
+    seed=jax_random_ext.rbg_prng_impl.seed,
+    split=jax_random_ext.rbg_prng_impl.split,
+    random_bits=_rbg_threefry_bits,
+    fold_in=jax_random_ext.rbg_prng_impl.fold_in,
+    name="rbg_threefry",
+    tag="rbg3",
+)
 _KEY_IMPLS = {"rbg_threefry": RBG_THREEFRY, "rbg": "rbg"}
 
 
@@ -78,9 +86,16 @@ def dropout_key(base_rng: jax.Array, step: jax.Array, prng: str = "rbg_threefry"
     return jax.random.wrap_key_data(jnp.concatenate([bits, bits]), impl=_KEY_IMPLS[prng])  # uint32[4] keys
 
 
-def make_train_step(model: Transformer, tx: optax.GradientTransformation, schedule: optax.Schedule, *,
-                    label_smoothing: float, accum_steps: int = 1, axis_name: str | None = None,
-                    dropout_prng: str = "rbg_threefry") -> Callable:
+def make_train_step(
+    model: Transformer,
+    tx: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    *,
+    label_smoothing: float,
+    accum_steps: int = 1,
+    axis_name: str | None = None,
+    dropout_prng: str = "rbg_threefry",
+) -> Callable:
     """The pure (unjitted) train step; see the module docstring.
 
     axis_name: run under `jax.pmap(axis_name=...)` (train/pmap_step.py): each device draws its own dropout
@@ -125,11 +140,17 @@ def make_train_step(model: Transformer, tx: optax.GradientTransformation, schedu
                 return state.params, state.opt_state, grad_sum, tokens, jnp.float32(0.0)
 
             params, opt_state, grad_accum, accum_tokens, grad_norm = jax.lax.cond(is_last, step_now, keep, None)
-            new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                                      grad_accum=grad_accum, accum_tokens=accum_tokens)
+            new_state = state.replace(
+                step=state.step + 1,
+                params=params,
+                opt_state=opt_state,
+                grad_accum=grad_accum,
+                accum_tokens=accum_tokens,
+            )
             updated = is_last.astype(jnp.float32)
-        metrics = dict(sums._asdict(), learning_rate=jnp.asarray(learning_rate, jnp.float32),
-                       grad_norm=grad_norm, updated=updated)
+        metrics = dict(
+            sums._asdict(), learning_rate=jnp.asarray(learning_rate, jnp.float32), grad_norm=grad_norm, updated=updated
+        )
         return new_state, metrics
 
     return train_step
@@ -140,8 +161,7 @@ def make_eval_step(model: Transformer, *, label_smoothing: float) -> Callable:
 
     def eval_step(params, batch: dict):
         logits = model_logits(model, params, batch, deterministic=True)
-        sums = cross_entropy_sums(logits, batch["targets"], label_smoothing=label_smoothing,
-                                  pad_id=model.config.pad_id)
+        sums = cross_entropy_sums(logits, batch["targets"], label_smoothing=label_smoothing, pad_id=model.config.pad_id)
         return sums._asdict()
 
     return eval_step
@@ -151,8 +171,13 @@ def make_eval_step(model: Transformer, *, label_smoothing: float) -> Callable:
 FAST_COMPILE_OPTIONS = {"xla_backend_optimization_level": 0}
 
 
-def jit_train_step(train_step: Callable, state_shardings: Any, mesh: Mesh,
-                   rules: parallel.Rules = parallel.DEFAULT_RULES, compiler_options: dict | None = None) -> Callable:
+def jit_train_step(
+    train_step: Callable,
+    state_shardings: Any,
+    mesh: Mesh,
+    rules: parallel.Rules = parallel.DEFAULT_RULES,
+    compiler_options: dict | None = None,
+) -> Callable:
     """jax.jit with explicit in/out shardings; the input state is donated (its buffers are reused)."""
     return jax.jit(
         train_step,
@@ -163,8 +188,13 @@ def jit_train_step(train_step: Callable, state_shardings: Any, mesh: Mesh,
     )
 
 
-def jit_eval_step(eval_step: Callable, params_shardings: Any, mesh: Mesh,
-                  rules: parallel.Rules = parallel.DEFAULT_RULES, compiler_options: dict | None = None) -> Callable:
+def jit_eval_step(
+    eval_step: Callable,
+    params_shardings: Any,
+    mesh: Mesh,
+    rules: parallel.Rules = parallel.DEFAULT_RULES,
+    compiler_options: dict | None = None,
+) -> Callable:
     return jax.jit(
         eval_step,
         in_shardings=(params_shardings, parallel.batch_sharding(mesh, rules)),

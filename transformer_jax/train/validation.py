@@ -21,23 +21,36 @@ from transformer_jax.train import loss as loss_lib
 from transformer_jax.translate import Translator
 
 
-def validation_loss(eval_step: Callable, params: Any, batches: Sequence[dict], mesh: Mesh,
-                    rules: parallel.Rules = parallel.DEFAULT_RULES, shard: tuple[int, int] = (0, 1)) -> dict:
+def validation_loss(
+    eval_step: Callable,
+    params: Any,
+    batches: Sequence[dict],
+    mesh: Mesh,
+    rules: parallel.Rules = parallel.DEFAULT_RULES,
+    shard: tuple[int, int] = (0, 1),
+) -> dict:
     """Token-weighted means over all validation batches (loss, nll, perplexity, accuracy).
 
     batches: whole (global) host batches; shard: this process's (shard_index, shard_count) of their rows.
     """
     totals = {"loss": 0.0, "nll": 0.0, "correct": 0.0, "tokens": 0.0}
-    outputs = [eval_step(params, parallel.global_batch(parallel.local_rows(batch, *shard), mesh, rules))
-               for batch in batches]
+    outputs = [
+        eval_step(params, parallel.global_batch(parallel.local_rows(batch, *shard), mesh, rules)) for batch in batches
+    ]
     for sums in jax.device_get(outputs):
         for key in totals:
             totals[key] += float(sums[key])
     return loss_lib.summarize(totals)
 
 
-def validation_bleu(model_cfg: ModelConfig, params: Any, tokenizer, pairs: Sequence[tuple[str, str]],
-                    decode_config: DecodeConfig, method: str) -> Scores | None:
+def validation_bleu(
+    model_cfg: ModelConfig,
+    params: Any,
+    tokenizer,
+    pairs: Sequence[tuple[str, str]],
+    decode_config: DecodeConfig,
+    method: str,
+) -> Scores | None:
     """sacreBLEU scores of `method` ('greedy' | 'beam') translations of raw (source, reference) pairs.
 
     Returns None on processes other than 0. With several processes the parameters are first gathered whole onto
