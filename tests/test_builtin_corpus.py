@@ -30,69 +30,49 @@ def corpus():
     return generate_corpus(seed=0)
 
 
-@pytest.mark.parametrize(
-    "n, english, german",
-    [
-        (1, "one", "eins"),
-        (16, "sixteen", "sechzehn"),
-        (17, "seventeen", "siebzehn"),
-        (21, "twenty-one", "einundzwanzig"),
-        (30, "thirty", "dreißig"),
-        (101, "one hundred and one", "einhunderteins"),
-        (342, "three hundred and forty-two", "dreihundertzweiundvierzig"),
-        (1001, "one thousand and one", "eintausendeins"),
-        (2021, "two thousand and twenty-one", "zweitausendeinundzwanzig"),
-        (121_000, "one hundred and twenty-one thousand", "einhunderteinundzwanzigtausend"),
-        (
-            999_999,
-            "nine hundred and ninety-nine thousand nine hundred and ninety-nine",
-            "neunhundertneunundneunzigtausendneunhundertneunundneunzig",
-        ),
-    ],
-)
+@pytest.mark.parametrize("n, english, german", [
+    (1, "one", "eins"),
+    (16, "sixteen", "sechzehn"),
+    (17, "seventeen", "siebzehn"),
+    (21, "twenty-one", "einundzwanzig"),
+    (30, "thirty", "dreißig"),
+    (101, "one hundred and one", "einhunderteins"),
+    (342, "three hundred and forty-two", "dreihundertzweiundvierzig"),
+    (1001, "one thousand and one", "eintausendeins"),
+    (2021, "two thousand and twenty-one", "zweitausendeinundzwanzig"),
+    (121_000, "one hundred and twenty-one thousand", "einhunderteinundzwanzigtausend"),
+    (999_999, "nine hundred and ninety-nine thousand nine hundred and ninety-nine",
+     "neunhundertneunundneunzigtausendneunhundertneunundneunzig"),
+])
 def test_numbers(n, english, german):
     assert (english_number(n), german_number(n)) == (english, german)
 
 
 def test_ordinals():
     assert [english_ordinal(d) for d in (1, 2, 3, 4, 11, 12, 13, 21, 22, 23, 31)] == [
-        "1st",
-        "2nd",
-        "3rd",
-        "4th",
-        "11th",
-        "12th",
-        "13th",
-        "21st",
-        "22nd",
-        "23rd",
-        "31st",
-    ]
+        "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "23rd", "31st"]
 
 
 NOUN = {noun.english: noun for noun in ALL_NOUNS}
 ADJECTIVE = {adjective.english: adjective for adjective in ADJECTIVES}
 
 
-@pytest.mark.parametrize(
-    "noun, adjectives, determiner, plural, case, expected",
-    [
-        ("cat", ("red", "small"), "numeral", True, "nom", ("two small red cats", "zwei kleine rote Katzen")),
-        ("dog", ("small", "red"), "a", False, "nom", ("a small red dog", "ein kleiner roter Hund")),
-        ("dog", ("small",), "a", False, "acc", ("a small dog", "einen kleinen Hund")),
-        ("dog", ("old",), "the", False, "acc", ("the old dog", "den alten Hund")),
-        ("house", ("old",), "a", False, "nom", ("an old house", "ein altes Haus")),
-        ("house", ("big",), "the", False, "nom", ("the big house", "das große Haus")),
-        ("house", ("big",), "this", True, "acc", ("these big houses", "diese großen Häuser")),
-        ("cat", ("white",), "my", True, "nom", ("my white cats", "meine weißen Katzen")),
-        ("cat", (), "our", False, "acc", ("our cat", "unsere Katze")),
-        ("mouse", ("black",), "none", True, "acc", ("black mice", "schwarze Mäuse")),
-        ("apple tree", ("old",), "my", False, "nom", ("my old apple tree", "mein alter Apfelbaum")),
-        ("apple tree", (), "a", False, "nom", ("an apple tree", "ein Apfelbaum")),
-        ("boat house", ("new",), "the", True, "nom", ("the new boat houses", "die neuen Bootshäuser")),
-        ("house door", (), "this", False, "acc", ("this house door", "diese Haustür")),
-    ],
-)
+@pytest.mark.parametrize("noun, adjectives, determiner, plural, case, expected", [
+    ("cat", ("red", "small"), "numeral", True, "nom", ("two small red cats", "zwei kleine rote Katzen")),
+    ("dog", ("small", "red"), "a", False, "nom", ("a small red dog", "ein kleiner roter Hund")),
+    ("dog", ("small",), "a", False, "acc", ("a small dog", "einen kleinen Hund")),
+    ("dog", ("old",), "the", False, "acc", ("the old dog", "den alten Hund")),
+    ("house", ("old",), "a", False, "nom", ("an old house", "ein altes Haus")),
+    ("house", ("big",), "the", False, "nom", ("the big house", "das große Haus")),
+    ("house", ("big",), "this", True, "acc", ("these big houses", "diese großen Häuser")),
+    ("cat", ("white",), "my", True, "nom", ("my white cats", "meine weißen Katzen")),
+    ("cat", (), "our", False, "acc", ("our cat", "unsere Katze")),
+    ("mouse", ("black",), "none", True, "acc", ("black mice", "schwarze Mäuse")),
+    ("apple tree", ("old",), "my", False, "nom", ("my old apple tree", "mein alter Apfelbaum")),
+    ("apple tree", (), "a", False, "nom", ("an apple tree", "ein Apfelbaum")),
+    ("boat house", ("new",), "the", True, "nom", ("the new boat houses", "die neuen Bootshäuser")),
+    ("house door", (), "this", False, "acc", ("this house door", "diese Haustür")),
+])
 def test_noun_phrases(noun, adjectives, determiner, plural, case, expected):
     adjectives = tuple(ADJECTIVE[name] for name in adjectives)
     assert noun_phrase(NOUN[noun], adjectives, determiner, plural, case, numeral=2) == expected
@@ -106,45 +86,17 @@ def test_deterministic_and_fixed_across_machines(corpus):
 
 
 def test_split_sizes_and_disjoint(corpus):
-    assert {split: len(pairs) for split, pairs in corpus.items()} == {"train": 20_000, "validation": 500, "test": 500}
+    assert {split: len(pairs) for split, pairs in corpus.items()} == {"train": 20_000, "validation": 500,
+                                                                       "test": 500}
     english = {split: {source for source, _ in pairs} for split, pairs in corpus.items()}
     assert sum(map(len, english.values())) == 21_000  # no English sentence twice, within or across splits
     assert all(german for pairs in corpus.values() for _, german in pairs)
 
 
-_EN_WORDS = {
-    word: value
-    for value, word in enumerate(
-        [
-            "zero",
-            "one",
-            "two",
-            "three",
-            "four",
-            "five",
-            "six",
-            "seven",
-            "eight",
-            "nine",
-            "ten",
-            "eleven",
-            "twelve",
-            "thirteen",
-            "fourteen",
-            "fifteen",
-            "sixteen",
-            "seventeen",
-            "eighteen",
-            "nineteen",
-        ]
-    )
-}
-_EN_WORDS.update(
-    {
-        word: 10 * (i + 2)
-        for i, word in enumerate(["twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"])
-    }
-)
+_EN_WORDS = {word: value for value, word in enumerate(
+    ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"])}
+_EN_WORDS.update({word: 10 * (i + 2) for i, word in enumerate(
+    ["twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"])})
 
 
 def parse_english_number(text):
@@ -162,9 +114,8 @@ def parse_english_number(text):
     return total + current
 
 
-_ADJECTIVE_FORMS = {
-    adjective.german_stem + ending: adjective.english for adjective in ADJECTIVES for ending in ("e", "en", "er", "es")
-}
+_ADJECTIVE_FORMS = {adjective.german_stem + ending: adjective.english
+                    for adjective in ADJECTIVES for ending in ("e", "en", "er", "es")}
 _NOUN_FORMS = {form: noun.english for noun in ALL_NOUNS for form in (noun.german, noun.german_plural)}
 
 
@@ -184,20 +135,7 @@ def held_out_reasons(english, german):
     number = parse_english_number(english)
     if number is not None and number % 100 in HELD_OUT_NUMBER_ENDINGS:
         reasons.add(("number", number))
-    months = [
-        "January",
-        "February",
-        "March",
-        "April",
-        "May",
-        "June",
-        "July",
-        "August",
-        "September",
-        "October",
-        "November",
-        "December",
-    ]
+    months = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"]
     for day, month in re.findall(r"the (\d+)(?:st|nd|rd|th) of (\w+)", english):
         if int(day) == months.index(month) + 1:
             reasons.add(("date", day, month))
@@ -232,15 +170,15 @@ def test_test_split_holds_out_combinations_never_in_train(corpus):
 
 def test_word_order_and_agreement(corpus):
     """Subordinate clauses end in an agreeing verb; fronted adverbials put the verb second."""
-    verb_forms = {form for verb in TRANSITIVE_VERBS for form in (verb.german_1sg, verb.german_3sg, verb.german_plural)}
+    verb_forms = {form for verb in TRANSITIVE_VERBS for form in (verb.german_1sg, verb.german_3sg,
+                                                                 verb.german_plural)}
     subordinate = [(e, g) for e, g in corpus["train"] if ", dass " in g]
     assert len(subordinate) > 2000
     for english, german in subordinate:
         assert german.split()[-1] in verb_forms
         if " that I " in english:
-            assert german.split()[-1] == next(
-                v.german_1sg for v in TRANSITIVE_VERBS if english.split(" that I ")[1].split()[0] == v.english
-            )
+            assert german.split()[-1] == next(v.german_1sg for v in TRANSITIVE_VERBS
+                                              if english.split(" that I ")[1].split()[0] == v.english)
     fronted = [(e, g) for e, g in corpus["train"] if e.startswith("today the ")]
     assert fronted
     for english, german in fronted:

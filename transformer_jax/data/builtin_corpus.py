@@ -34,71 +34,25 @@ from transformer_jax.data.pairs import Pair, check_split
 
 DEFAULT_SPLIT_SIZES = {"train": 20_000, "validation": 500, "test": 500}
 
-HELD_OUT_ADJECTIVE_NOUN = frozenset(
-    {
-        ("red", "cat"),
-        ("blue", "dog"),
-        ("green", "house"),
-        ("old", "car"),
-        ("big", "bird"),
-        ("yellow", "flower"),
-        ("small", "horse"),
-        ("black", "chair"),
-        ("white", "boat"),
-        ("beautiful", "garden"),
-    }
-)
+HELD_OUT_ADJECTIVE_NOUN = frozenset({
+    ("red", "cat"), ("blue", "dog"), ("green", "house"), ("old", "car"), ("big", "bird"),
+    ("yellow", "flower"), ("small", "horse"), ("black", "chair"), ("white", "boat"),
+    ("beautiful", "garden"),
+})
 HELD_OUT_NUMBER_ENDINGS = (37, 58, 84)  # n % 100; numbers in words only, not digits in dates
 
 # ---------------------------------------------------------------------------------------------- numbers
 
-_EN_UNITS = (
-    "",
-    "one",
-    "two",
-    "three",
-    "four",
-    "five",
-    "six",
-    "seven",
-    "eight",
-    "nine",
-    "ten",
-    "eleven",
-    "twelve",
-    "thirteen",
-    "fourteen",
-    "fifteen",
-    "sixteen",
-    "seventeen",
-    "eighteen",
-    "nineteen",
-)
+_EN_UNITS = ("", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+             "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
+             "nineteen")
 _EN_TENS = ("", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
 # German 1 is "eins" at the end of a number and "ein" inside one (einundzwanzig, einhundert).
-_DE_UNITS = (
-    "",
-    "ein",
-    "zwei",
-    "drei",
-    "vier",
-    "fünf",
-    "sechs",
-    "sieben",
-    "acht",
-    "neun",
-    "zehn",
-    "elf",
-    "zwölf",
-    "dreizehn",
-    "vierzehn",
-    "fünfzehn",
-    "sechzehn",
-    "siebzehn",
-    "achtzehn",
-    "neunzehn",
-)
-_DE_TENS = ("", "", "zwanzig", "dreißig", "vierzig", "fünfzig", "sechzig", "siebzig", "achtzig", "neunzig")
+_DE_UNITS = ("", "ein", "zwei", "drei", "vier", "fünf", "sechs", "sieben", "acht", "neun", "zehn",
+             "elf", "zwölf", "dreizehn", "vierzehn", "fünfzehn", "sechzehn", "siebzehn", "achtzehn",
+             "neunzehn")
+_DE_TENS = ("", "", "zwanzig", "dreißig", "vierzig", "fünfzig", "sechzig", "siebzig", "achtzig",
+            "neunzig")
 MAX_NUMBER = 999_999
 
 
@@ -162,20 +116,10 @@ def _sample_number(rng: random.Random, held_out: bool) -> int:
 
 # ------------------------------------------------------------------------------------------------ dates
 
-_MONTHS = (
-    ("January", "Januar", 31),
-    ("February", "Februar", 28),
-    ("March", "März", 31),
-    ("April", "April", 30),
-    ("May", "Mai", 31),
-    ("June", "Juni", 30),
-    ("July", "Juli", 31),
-    ("August", "August", 31),
-    ("September", "September", 30),
-    ("October", "Oktober", 31),
-    ("November", "November", 30),
-    ("December", "Dezember", 31),
-)
+_MONTHS = (("January", "Januar", 31), ("February", "Februar", 28), ("March", "März", 31),
+           ("April", "April", 30), ("May", "Mai", 31), ("June", "Juni", 30), ("July", "Juli", 31),
+           ("August", "August", 31), ("September", "September", 30), ("October", "Oktober", 31),
+           ("November", "November", 30), ("December", "Dezember", 31))
 
 
 def english_ordinal(day: int) -> str:
@@ -233,63 +177,33 @@ class Adjective(NamedTuple):
 
 
 NOUNS = (
-    Noun("dog", "dogs", "Hund", "Hunde", "m", True),
-    Noun("cat", "cats", "Katze", "Katzen", "f", True),
-    Noun("bird", "birds", "Vogel", "Vögel", "m", True),
-    Noun("horse", "horses", "Pferd", "Pferde", "n", True),
-    Noun("mouse", "mice", "Maus", "Mäuse", "f", True),
-    Noun("child", "children", "Kind", "Kinder", "n", True),
-    Noun("woman", "women", "Frau", "Frauen", "f", True),
-    Noun("man", "men", "Mann", "Männer", "m", True),
-    Noun("house", "houses", "Haus", "Häuser", "n"),
-    Noun("tree", "trees", "Baum", "Bäume", "m"),
-    Noun("flower", "flowers", "Blume", "Blumen", "f"),
-    Noun("book", "books", "Buch", "Bücher", "n"),
-    Noun("table", "tables", "Tisch", "Tische", "m"),
-    Noun("chair", "chairs", "Stuhl", "Stühle", "m"),
-    Noun("car", "cars", "Auto", "Autos", "n"),
-    Noun("apple", "apples", "Apfel", "Äpfel", "m"),
-    Noun("door", "doors", "Tür", "Türen", "f"),
-    Noun("garden", "gardens", "Garten", "Gärten", "m"),
-    Noun("boat", "boats", "Boot", "Boote", "n"),
-    Noun("ball", "balls", "Ball", "Bälle", "m"),
-    Noun("lamp", "lamps", "Lampe", "Lampen", "f"),
-    Noun("bed", "beds", "Bett", "Betten", "n"),
-    Noun("key", "keys", "Schlüssel", "Schlüssel", "m"),
-    Noun("window", "windows", "Fenster", "Fenster", "n"),
+    Noun("dog", "dogs", "Hund", "Hunde", "m", True), Noun("cat", "cats", "Katze", "Katzen", "f", True),
+    Noun("bird", "birds", "Vogel", "Vögel", "m", True), Noun("horse", "horses", "Pferd", "Pferde", "n", True),
+    Noun("mouse", "mice", "Maus", "Mäuse", "f", True), Noun("child", "children", "Kind", "Kinder", "n", True),
+    Noun("woman", "women", "Frau", "Frauen", "f", True), Noun("man", "men", "Mann", "Männer", "m", True),
+    Noun("house", "houses", "Haus", "Häuser", "n"), Noun("tree", "trees", "Baum", "Bäume", "m"),
+    Noun("flower", "flowers", "Blume", "Blumen", "f"), Noun("book", "books", "Buch", "Bücher", "n"),
+    Noun("table", "tables", "Tisch", "Tische", "m"), Noun("chair", "chairs", "Stuhl", "Stühle", "m"),
+    Noun("car", "cars", "Auto", "Autos", "n"), Noun("apple", "apples", "Apfel", "Äpfel", "m"),
+    Noun("door", "doors", "Tür", "Türen", "f"), Noun("garden", "gardens", "Garten", "Gärten", "m"),
+    Noun("boat", "boats", "Boot", "Boote", "n"), Noun("ball", "balls", "Ball", "Bälle", "m"),
+    Noun("lamp", "lamps", "Lampe", "Lampen", "f"), Noun("bed", "beds", "Bett", "Betten", "n"),
+    Noun("key", "keys", "Schlüssel", "Schlüssel", "m"), Noun("window", "windows", "Fenster", "Fenster", "n"),
     Noun("kitchen", "kitchens", "Küche", "Küchen", "f"),
 )
 _NOUNS_BY_ENGLISH = {noun.english: noun for noun in NOUNS}
 
 # (modifier, head, German form of the modifier inside a compound, with its linking element)
 _COMPOUNDS = (
-    ("apple", "tree", "Apfel"),
-    ("tree", "house", "Baum"),
-    ("house", "door", "Haus"),
-    ("garden", "door", "Garten"),
-    ("car", "door", "Auto"),
-    ("garden", "chair", "Garten"),
-    ("car", "key", "Auto"),
-    ("house", "key", "Haus"),
-    ("door", "key", "Tür"),
-    ("flower", "garden", "Blumen"),
-    ("dog", "bed", "Hunde"),
-    ("cat", "bed", "Katzen"),
-    ("bird", "house", "Vogel"),
-    ("dog", "house", "Hunde"),
-    ("kitchen", "table", "Küchen"),
-    ("kitchen", "chair", "Küchen"),
-    ("kitchen", "window", "Küchen"),
-    ("kitchen", "door", "Küchen"),
-    ("kitchen", "lamp", "Küchen"),
-    ("garden", "table", "Garten"),
-    ("garden", "lamp", "Garten"),
-    ("table", "lamp", "Tisch"),
-    ("apple", "garden", "Apfel"),
-    ("car", "window", "Auto"),
-    ("boat", "house", "Boots"),
-    ("bird", "book", "Vogel"),
-    ("flower", "book", "Blumen"),
+    ("apple", "tree", "Apfel"), ("tree", "house", "Baum"), ("house", "door", "Haus"),
+    ("garden", "door", "Garten"), ("car", "door", "Auto"), ("garden", "chair", "Garten"),
+    ("car", "key", "Auto"), ("house", "key", "Haus"), ("door", "key", "Tür"),
+    ("flower", "garden", "Blumen"), ("dog", "bed", "Hunde"), ("cat", "bed", "Katzen"),
+    ("bird", "house", "Vogel"), ("dog", "house", "Hunde"), ("kitchen", "table", "Küchen"),
+    ("kitchen", "chair", "Küchen"), ("kitchen", "window", "Küchen"), ("kitchen", "door", "Küchen"),
+    ("kitchen", "lamp", "Küchen"), ("garden", "table", "Garten"), ("garden", "lamp", "Garten"),
+    ("table", "lamp", "Tisch"), ("apple", "garden", "Apfel"), ("car", "window", "Auto"),
+    ("boat", "house", "Boots"), ("bird", "book", "Vogel"), ("flower", "book", "Blumen"),
 )
 
 
@@ -297,10 +211,8 @@ def compound(modifier: str, head: str, german_modifier: str) -> Noun:
     """English "apple tree" → German "Apfelbaum", with the gender and plural of the head noun."""
     head_noun = _NOUNS_BY_ENGLISH[head]
     return Noun(
-        f"{modifier} {head}",
-        f"{modifier} {head_noun.english_plural}",
-        german_modifier + head_noun.german.lower(),
-        german_modifier + head_noun.german_plural.lower(),
+        f"{modifier} {head}", f"{modifier} {head_noun.english_plural}",
+        german_modifier + head_noun.german.lower(), german_modifier + head_noun.german_plural.lower(),
         head_noun.gender,
     )
 
@@ -311,50 +223,33 @@ ANIMATE_NOUNS = tuple(noun for noun in NOUNS if noun.animate)
 
 ADJECTIVES = (
     Adjective("beautiful", "schön", 0),
-    Adjective("small", "klein", 1),
-    Adjective("big", "groß", 1),
-    Adjective("old", "alt", 2),
-    Adjective("new", "neu", 2),
-    Adjective("red", "rot", 3),
-    Adjective("blue", "blau", 3),
-    Adjective("green", "grün", 3),
-    Adjective("yellow", "gelb", 3),
-    Adjective("black", "schwarz", 3),
-    Adjective("white", "weiß", 3),
+    Adjective("small", "klein", 1), Adjective("big", "groß", 1),
+    Adjective("old", "alt", 2), Adjective("new", "neu", 2),
+    Adjective("red", "rot", 3), Adjective("blue", "blau", 3), Adjective("green", "grün", 3),
+    Adjective("yellow", "gelb", 3), Adjective("black", "schwarz", 3), Adjective("white", "weiß", 3),
 )
 
 # Nominative and accusative only; key: gender for singular, 'pl' for plural.
-_DER_ARTICLE = {
-    "nom": {"m": "der", "f": "die", "n": "das", "pl": "die"},
-    "acc": {"m": "den", "f": "die", "n": "das", "pl": "die"},
-}
-_DIESER_ENDING = {
-    "nom": {"m": "er", "f": "e", "n": "es", "pl": "e"},
-    "acc": {"m": "en", "f": "e", "n": "es", "pl": "e"},
-}
-_EIN_ENDING = {"nom": {"m": "", "f": "e", "n": "", "pl": "e"}, "acc": {"m": "en", "f": "e", "n": "", "pl": "e"}}
+_DER_ARTICLE = {"nom": {"m": "der", "f": "die", "n": "das", "pl": "die"},
+                "acc": {"m": "den", "f": "die", "n": "das", "pl": "die"}}
+_DIESER_ENDING = {"nom": {"m": "er", "f": "e", "n": "es", "pl": "e"},
+                  "acc": {"m": "en", "f": "e", "n": "es", "pl": "e"}}
+_EIN_ENDING = {"nom": {"m": "", "f": "e", "n": "", "pl": "e"},
+               "acc": {"m": "en", "f": "e", "n": "", "pl": "e"}}
 # Adjective endings: weak after der/dieser, mixed after ein/mein, strong with no article (plural only).
-_WEAK_ENDING = {"nom": {"m": "e", "f": "e", "n": "e", "pl": "en"}, "acc": {"m": "en", "f": "e", "n": "e", "pl": "en"}}
-_MIXED_ENDING = {
-    "nom": {"m": "er", "f": "e", "n": "es", "pl": "en"},
-    "acc": {"m": "en", "f": "e", "n": "es", "pl": "en"},
-}
+_WEAK_ENDING = {"nom": {"m": "e", "f": "e", "n": "e", "pl": "en"},
+                "acc": {"m": "en", "f": "e", "n": "e", "pl": "en"}}
+_MIXED_ENDING = {"nom": {"m": "er", "f": "e", "n": "es", "pl": "en"},
+                 "acc": {"m": "en", "f": "e", "n": "es", "pl": "en"}}
 _STRONG_PLURAL_ENDING = "e"
 
 # Precomputed choices for sampling.
-_HELD_OUT_ANY = tuple(
-    (adjective, noun)
-    for adjective in ADJECTIVES
-    for noun in ALL_NOUNS
-    if (adjective.english, noun.english) in HELD_OUT_ADJECTIVE_NOUN
-)
+_HELD_OUT_ANY = tuple((adjective, noun) for adjective in ADJECTIVES for noun in ALL_NOUNS
+                      if (adjective.english, noun.english) in HELD_OUT_ADJECTIVE_NOUN)
 _HELD_OUT_ANIMATE = tuple((adjective, noun) for adjective, noun in _HELD_OUT_ANY if noun.animate)
-_ALLOWED_ADJECTIVES = {
-    noun.english: tuple(
-        adjective for adjective in ADJECTIVES if (adjective.english, noun.english) not in HELD_OUT_ADJECTIVE_NOUN
-    )
-    for noun in ALL_NOUNS
-}
+_ALLOWED_ADJECTIVES = {noun.english: tuple(adjective for adjective in ADJECTIVES
+                                           if (adjective.english, noun.english) not in HELD_OUT_ADJECTIVE_NOUN)
+                       for noun in ALL_NOUNS}
 _NUMERALS = tuple(n for n in range(2, 100) if not _is_held_out_number(n))  # numeral determiners
 
 _DETERMINERS = ("the", "a", "one", "my", "our", "this", "numeral", "none")
@@ -365,9 +260,8 @@ def _english_article_a(next_word: str) -> str:
     return "an" if next_word[0] in "aeiou" else "a"
 
 
-def noun_phrase(
-    noun: Noun, adjectives: tuple[Adjective, ...], determiner: str, plural: bool, case: str, numeral: int = 2
-) -> Pair:
+def noun_phrase(noun: Noun, adjectives: tuple[Adjective, ...], determiner: str, plural: bool,
+                case: str, numeral: int = 2) -> Pair:
     """Renders one noun phrase in both languages; `case` is 'nom' or 'acc'.
 
     `determiner` is one of 'the', 'a', 'one', 'my', 'our', 'this' (these/diese in the plural),
@@ -375,7 +269,8 @@ def noun_phrase(
     """
     key = "pl" if plural else noun.gender
     adjectives = tuple(sorted(adjectives, key=lambda adjective: adjective.order))
-    english_words = [adjective.english for adjective in adjectives] + [noun.english_plural if plural else noun.english]
+    english_words = [adjective.english for adjective in adjectives] + [
+        noun.english_plural if plural else noun.english]
     german_noun = noun.german_plural if plural else noun.german
     if determiner in ("the", "this"):
         article = _DER_ARTICLE[case][key] if determiner == "the" else "dies" + _DIESER_ENDING[case][key]
@@ -391,10 +286,8 @@ def noun_phrase(
         english_article = english_number(numeral) if determiner == "numeral" else ""
         adjective_ending = _STRONG_PLURAL_ENDING
     german_words = [article] + [adjective.german_stem + adjective_ending for adjective in adjectives]
-    return (
-        " ".join(word for word in [english_article] + english_words if word),
-        " ".join(word for word in german_words + [german_noun] if word),
-    )
+    return (" ".join(word for word in [english_article] + english_words if word),
+            " ".join(word for word in german_words + [german_noun] if word))
 
 
 def _sample_noun_phrase(rng: random.Random, case: str, held_out: bool, animate: bool) -> tuple[Pair, bool]:
@@ -431,36 +324,24 @@ class Verb(NamedTuple):
 
 
 TRANSITIVE_VERBS = (
-    Verb("see", "sehe", "sieht", "sehen"),
-    Verb("like", "mag", "mag", "mögen"),
-    Verb("find", "finde", "findet", "finden"),
-    Verb("hear", "höre", "hört", "hören"),
-    Verb("buy", "kaufe", "kauft", "kaufen"),
-    Verb("paint", "male", "malt", "malen"),
-    Verb("carry", "trage", "trägt", "tragen"),
-    Verb("want", "will", "will", "wollen"),
-    Verb("have", "habe", "hat", "haben"),
-    Verb("need", "brauche", "braucht", "brauchen"),
+    Verb("see", "sehe", "sieht", "sehen"), Verb("like", "mag", "mag", "mögen"),
+    Verb("find", "finde", "findet", "finden"), Verb("hear", "höre", "hört", "hören"),
+    Verb("buy", "kaufe", "kauft", "kaufen"), Verb("paint", "male", "malt", "malen"),
+    Verb("carry", "trage", "trägt", "tragen"), Verb("want", "will", "will", "wollen"),
+    Verb("have", "habe", "hat", "haben"), Verb("need", "brauche", "braucht", "brauchen"),
     Verb("chase", "jage", "jagt", "jagen"),
 )
 SAYING_VERBS = (
-    Verb("think", "denke", "denkt", "denken"),
-    Verb("know", "weiß", "weiß", "wissen"),
-    Verb("say", "sage", "sagt", "sagen"),
-    Verb("believe", "glaube", "glaubt", "glauben"),
+    Verb("think", "denke", "denkt", "denken"), Verb("know", "weiß", "weiß", "wissen"),
+    Verb("say", "sage", "sagt", "sagen"), Verb("believe", "glaube", "glaubt", "glauben"),
     Verb("hope", "hoffe", "hofft", "hoffen"),
 )
 # (English, German, person): '1sg', '3sg' or 'pl' (German 1st and 3rd plural forms agree for these verbs).
-PRONOUNS = (("I", "ich", "1sg"), ("he", "er", "3sg"), ("she", "sie", "3sg"), ("we", "wir", "pl"), ("they", "sie", "pl"))
+PRONOUNS = (("I", "ich", "1sg"), ("he", "er", "3sg"), ("she", "sie", "3sg"), ("we", "wir", "pl"),
+            ("they", "sie", "pl"))
 # Fronted adverbials that put the German verb second: "heute sieht der Hund ...".
-ADVERBS = (
-    ("today", "heute"),
-    ("now", "jetzt"),
-    ("sometimes", "manchmal"),
-    ("in the morning", "am Morgen"),
-    ("in the evening", "am Abend"),
-    ("every day", "jeden Tag"),
-)
+ADVERBS = (("today", "heute"), ("now", "jetzt"), ("sometimes", "manchmal"), ("in the morning", "am Morgen"),
+           ("in the evening", "am Abend"), ("every day", "jeden Tag"))
 
 
 def _english_verb(verb: Verb, person: str) -> str:
@@ -489,17 +370,12 @@ def _sample_clause(rng: random.Random, held_out: bool) -> Clause:
         held_slot = "object" if held_out else None
     else:
         (english_subject, german_subject), plural = _sample_noun_phrase(
-            rng, "nom", held_slot == "subject", animate=True
-        )
+            rng, "nom", held_slot == "subject", animate=True)
         person = "pl" if plural else "3sg"
     (english_object, german_object), _ = _sample_noun_phrase(rng, "acc", held_slot == "object", animate=False)
     verb = rng.choice(TRANSITIVE_VERBS)
-    return Clause(
-        f"{english_subject} {_english_verb(verb, person)} {english_object}",
-        german_subject,
-        _german_verb(verb, person),
-        german_object,
-    )
+    return Clause(f"{english_subject} {_english_verb(verb, person)} {english_object}",
+                  german_subject, _german_verb(verb, person), german_object)
 
 
 def _sentence_example(rng: random.Random, held_out: bool) -> Pair:
@@ -516,22 +392,18 @@ def _verb_second_example(rng: random.Random, held_out: bool) -> Pair:
         english_adverb, german_adverb = f"on {english_date}", f"am {german_date}"
     else:
         english_adverb, german_adverb = rng.choice(ADVERBS)
-    return (
-        f"{english_adverb} {clause.english}",
-        f"{german_adverb} {clause.german_verb} {clause.german_subject} {clause.german_object}",
-    )
+    return (f"{english_adverb} {clause.english}",
+            f"{german_adverb} {clause.german_verb} {clause.german_subject} {clause.german_object}")
 
 
 def _verb_final_example(rng: random.Random, held_out: bool) -> Pair:
-    """ "I think that ..." → "ich denke, dass ...": the subordinate clause puts its verb last."""
+    """"I think that ..." → "ich denke, dass ...": the subordinate clause puts its verb last."""
     english_pronoun, german_pronoun, person = rng.choice(PRONOUNS)
     verb = rng.choice(SAYING_VERBS)
     clause = _sample_clause(rng, held_out)
-    return (
-        f"{english_pronoun} {_english_verb(verb, person)} that {clause.english}",
-        f"{german_pronoun} {_german_verb(verb, person)}, dass "
-        f"{clause.german_subject} {clause.german_object} {clause.german_verb}",
-    )
+    return (f"{english_pronoun} {_english_verb(verb, person)} that {clause.english}",
+            f"{german_pronoun} {_german_verb(verb, person)}, dass "
+            f"{clause.german_subject} {clause.german_object} {clause.german_verb}")
 
 
 def _number_example(rng: random.Random, held_out: bool) -> Pair:
@@ -541,12 +413,8 @@ def _number_example(rng: random.Random, held_out: bool) -> Pair:
 
 # (generator, weight): each generator(rng, held_out) returns one (English, German) pair.
 _EXAMPLE_KINDS: tuple[tuple[Callable[[random.Random, bool], Pair], float], ...] = (
-    (_number_example, 0.15),
-    (_date_example, 0.10),
-    (_noun_phrase_example, 0.20),
-    (_sentence_example, 0.20),
-    (_verb_second_example, 0.15),
-    (_verb_final_example, 0.20),
+    (_number_example, 0.15), (_date_example, 0.10), (_noun_phrase_example, 0.20),
+    (_sentence_example, 0.20), (_verb_second_example, 0.15), (_verb_final_example, 0.20),
 )
 
 

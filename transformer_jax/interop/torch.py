@@ -26,21 +26,17 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-try:
-    import torch
-except ImportError as error:  # pragma: no cover - exercised only where torch is absent
-    raise ImportError(
-        "transformer_jax.interop.torch needs PyTorch, which is not installed. "
-        "Install the extra with: pip install 'transformer-jax[torch]'"
-    ) from error
-
 import numpy as np
 from flax import traverse_util
 from flax.core import unfreeze
 from flax.linen import unbox
 
 from transformer_jax.config import ModelConfig
-from transformer_jax.interop.torch_reference import TorchTransformer, torch_greedy_decode
+from transformer_jax.interop.torch_reference import (  # where torch is absent: ImportError with the install hint
+    TorchTransformer,
+    torch,
+    torch_greedy_decode,
+)
 
 __all__ = [
     "TorchTransformer",
