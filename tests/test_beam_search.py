@@ -117,7 +117,7 @@ def test_decode_config_defaults_are_the_papers_and_bad_values_fail():
 def _state(live, finished, flags, index):
     batch, beam = np.shape(live)
     return BeamState(
-        index=jnp.array(index),
+        step=jnp.array(index),
         live_seqs=jnp.zeros((batch, beam, 5), jnp.int32),
         live_log_probs=jnp.array(live, jnp.float32),
         finished_seqs=jnp.zeros((batch, beam, 5)),

@@ -186,7 +186,7 @@ def test_cli_end_to_end(tmp_path, capsys):
         (["--config.train.final_bleu=sampled"], "train.final_bleu='sampled' is unknown"),
         (["--config.mesh.mode=spmd"], "mesh.mode='spmd' is unknown"),
         (["--config.mesh.rules=zero3"], "mesh.rules='zero3' is unknown"),
-        (["--config.decode.beam_size=0"], "beam_size must be a positive integer"),
+        (["--config.decode.beam_size=0"], "decode.beam_size=0 must be a positive integer"),
     ],
 )
 def test_bad_config_fails_before_any_work(tmp_path, capsys, argv, expected):
