@@ -13,7 +13,7 @@ if [[ "${1:-}" == "--pair" ]]; then PAIR=${2:?$usage}; shift 2; fi
 case "$PAIR" in en-de|de-en|en-fr|fr-en|de-fr|fr-de) ;; *) echo "unknown --pair $PAIR; $usage" >&2; exit 2;; esac
 TJ=${TJ:-.venv/bin/transformer-jax}
 BEAM=${BEAM:-5}
-ALPHA=${ALPHA:-0.6}
+ALPHA=${ALPHA:-1.0}  # length penalty chosen on validation (0.3 / 0.6 / 1.0: 39.8 / 40.4 / 40.7 lowercased BLEU)
 
 SECONDS=0
 "$TJ" train --config experiments/multi30k.py --workdir "$WORKDIR" --config.data.path="$DATA" \
