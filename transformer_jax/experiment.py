@@ -373,9 +373,7 @@ def load_config_file(path: str | Path) -> Experiment:
     try:
         spec.loader.exec_module(module)
         experiment = module.get_config() if hasattr(module, "get_config") else None
-    except ConfigError as error:
-        raise ConfigError(f"{path}: {error}") from None
-    except ValueError as error:  # ModelConfig / DecodeConfig
+    except ValueError as error:  # a section's ConfigError, or ModelConfig's ValueError
         raise ConfigError(f"{path}: {error}") from None
     if not isinstance(experiment, Experiment):
         raise ConfigError(f"{path} must define get_config() returning a transformer_jax.experiment.Experiment.")
@@ -405,13 +403,8 @@ def apply_overrides(experiment: Experiment, overrides: Iterable[tuple[str, str]]
         else:
             known = sorted(field.name for field in dataclasses.fields(section))
             if name not in known:
-                hint = (
-                    " (vocab_size and the special ids come from the SentencePiece model; set data.vocab_size)"
-                    if section_name == "model" and name in TOKENIZER_FIELDS
-                    else ""
-                )
                 raise ConfigError(
-                    f"--config.{dotted}: unknown field {name!r}{hint}; known fields of {section_name}: {known}."
+                    f"--config.{dotted}: unknown field {name!r}; known fields of {section_name}: {known}."
                 )
             if section_name == "model" and name in TOKENIZER_FIELDS:
                 raise ConfigError(
@@ -420,12 +413,7 @@ def apply_overrides(experiment: Experiment, overrides: Iterable[tuple[str, str]]
                 )
             value = _parse(text, typing.get_type_hints(type(section))[name], dotted)
         changed = _build(type(section), section_name, {**_fields(section), name: value})
-        try:
-            experiment = experiment.replace(**{section_name: changed})
-        except ConfigError:
-            raise
-        except ValueError as error:
-            raise ConfigError(f"--config.{dotted}={text!r}: {error}") from None
+        experiment = experiment.replace(**{section_name: changed})  # cross-section checks raise ConfigError
     return experiment
 
 
