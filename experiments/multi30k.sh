@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Multi30k end to end on a time budget: train (experiments/multi30k.py, train.max_minutes), average the last
-# 8 checkpoints, then score test_2016_flickr: averaged and last checkpoint, beam and greedy.
+# 8 checkpoints of the run's second half, then score test_2016_flickr: averaged and last checkpoint, beam and greedy.
 #   experiments/multi30k.sh /path/to/multi30k [workdir] [--pair en-de|de-en|en-fr] [--config.field=value ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +19,7 @@ SECONDS=0
 "$TJ" train --config experiments/multi30k.py --workdir "$WORKDIR" --config.data.path="$DATA" \
   --config.data.source_lang="${PAIR%-*}" --config.data.target_lang="${PAIR#*-}" "$@"
 TRAINED=$SECONDS
-"$TJ" average --workdir "$WORKDIR" --last 8
+"$TJ" average --workdir "$WORKDIR" --last 8 --from-fraction 0.5
 echo "training took ${TRAINED} s; with averaging ${SECONDS} s"
 for checkpoint in averaged latest; do
   ckpt_flag=(); [[ $checkpoint == averaged ]] && ckpt_flag=(--checkpoint averaged)

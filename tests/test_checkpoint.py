@@ -10,6 +10,7 @@ from transformer_jax import parallel
 from transformer_jax.checkpoint import (
     Checkpointer,
     CheckpointMismatchError,
+    average_last,
     average_params,
     describe_mismatch,
     load_config,
@@ -82,6 +83,20 @@ def test_differently_shaped_model_is_refused_with_names(tmp_path):
 def test_describe_mismatch_lists_both_directions():
     lines = describe_mismatch({"a": (1,), "b": (2,)}, {"a": (1,), "c": (3,)})
     assert lines == ["  b: in the checkpoint (2,), not in the config", "  c: in the config (3,), not in the checkpoint"]
+
+
+def test_average_last_draws_only_on_the_requested_part_of_the_run(tmp_path):
+    checkpointer = Checkpointer(tmp_path, async_save=False)
+    states = {step: make_state(seed=step) for step in (2, 4, 6, 8)}
+    for step, state in states.items():
+        checkpointer.save(step, state)
+    checkpointer.close()
+    assert average_last(tmp_path, last=8)[0] == [2, 4, 6, 8]
+    assert average_last(tmp_path, last=8, from_fraction=0.5)[0] == [4, 6, 8]  # steps >= 0.5 * 8
+    steps, _ = average_last(tmp_path, last=2, from_fraction=0.3)
+    assert steps == [6, 8]
+    with pytest.raises(ValueError, match="from_fraction=1.5"):
+        average_last(tmp_path, last=2, from_fraction=1.5)
 
 
 def test_average_params_is_the_elementwise_mean(tmp_path):

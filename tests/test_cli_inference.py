@@ -221,6 +221,13 @@ def test_average_refuses_a_non_positive_count(workdir, last, monkeypatch, capsys
     assert code == 2 and "--last" in err
 
 
+def test_average_refuses_a_fraction_outside_the_run(workdir, monkeypatch, capsys):
+    code, _, err = run_cli(
+        ["average", "--workdir", str(workdir), "--from-fraction", "2"], monkeypatch=monkeypatch, capsys=capsys
+    )
+    assert code == 2 and "--from-fraction 2.0" in err
+
+
 def test_average_on_a_missing_workdir_creates_nothing(tmp_path, monkeypatch, capsys):
     missing = tmp_path / "nothing-here"
     code, _, err = run_cli(["average", "--workdir", str(missing)], monkeypatch=monkeypatch, capsys=capsys)

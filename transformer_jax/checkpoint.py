@@ -308,25 +308,33 @@ def average_params(workdir: str | Path, steps: list[int] | None = None, last: in
         checkpointer.close()
 
 
-def average_last(workdir: str | Path, last: int) -> tuple[list[int], Path]:
+def average_last(workdir: str | Path, last: int, *, from_fraction: float = 0.0) -> tuple[list[int], Path]:
     """Averages the `last` most recent checkpoints into {workdir}/averaged (`--checkpoint averaged`).
 
+    from_fraction: only checkpoints at or after this fraction of the latest step count (0.5: the second half
+    of the run), so a short run does not average in checkpoints from before its curve flattened.
     Returns (the steps averaged, the directory written); fewer than `last` checkpoints average what exists,
     with a warning.
     """
     if last < 1:
         raise ValueError(f"last={last}: average 1 or more of the latest checkpoints.")
+    if not 0.0 <= from_fraction <= 1.0:
+        raise ValueError(f"from_fraction={from_fraction}: give a fraction of the run in [0, 1].")
     if not (Path(workdir) / CHECKPOINT_DIR).is_dir():
         raise FileNotFoundError(
             f"{Path(workdir) / CHECKPOINT_DIR} not found: is {workdir} the --workdir of a `transformer-jax train` run?"
         )
     checkpointer = Checkpointer(workdir, keep=None, async_save=False)
     try:
-        steps = checkpointer.all_steps()[-last:]
+        available = checkpointer.all_steps()
     finally:
         checkpointer.close()
+    first = from_fraction * available[-1] if available else 0.0
+    steps = [step for step in available if step >= first][-last:]
     if len(steps) < last:
-        logger.warning("only %d checkpoints in %s; averaging %s.", len(steps), workdir, steps)
+        logger.warning(
+            "only %d checkpoints in %s at or after step %d; averaging %s.", len(steps), workdir, first, steps
+        )
     return steps, save_named_params(workdir, "averaged", average_params(workdir, steps=steps), steps)
 
 

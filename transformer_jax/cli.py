@@ -340,6 +340,12 @@ def _run_evaluate(args: argparse.Namespace) -> int:
 def _average_command(parser: argparse.ArgumentParser) -> Handler:
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--last", type=int, default=5, help="how many of the latest checkpoints")
+    parser.add_argument(
+        "--from-fraction",
+        type=float,
+        default=0.0,
+        help="only checkpoints at or after this fraction of the latest step (0.5: the run's second half)",
+    )
     return _run_average
 
 
@@ -352,8 +358,11 @@ def _run_average(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if not 0.0 <= args.from_fraction <= 1.0:
+        print(f"error: --from-fraction {args.from_fraction}: give a fraction of the run in [0, 1].", file=sys.stderr)
+        return 2
     check_workdir(args.workdir, writable=True)
-    steps, directory = ckpt.average_last(args.workdir, args.last)
+    steps, directory = ckpt.average_last(args.workdir, args.last, from_fraction=args.from_fraction)
     print(f"averaged checkpoints {steps} into {directory}; use it with --checkpoint averaged")
     return 0
 
