@@ -42,6 +42,7 @@ from transformer_jax.decoding.cache import (
     init_cache,
     reorder_cache,
     transformer_step_fn,
+    with_lineage,
 )
 from transformer_jax.decoding.config import (
     NEG_INF,
@@ -122,24 +123,30 @@ def beam_search_core(
 
     def step(state: BeamState) -> BeamState:
         index = state.step
-        # 1. Next-token log-probabilities of every live hypothesis.
+        # 1. Next-token logits of every live hypothesis.
         previous = jnp.take_along_axis(state.live_seqs, jnp.maximum(index - 1, 0)[None, None, None], axis=2)
         previous = jnp.where(index == 0, bos_id, previous[..., 0])  # [batch, beam]
         logits, cache = step_fn(previous.reshape(batch * beam), state.cache)  # [batch * beam, vocab]
-        vocab = logits.shape[-1]
-        log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1).at[:, pad_id].set(NEG_INF)
-        log_probs = log_probs.reshape(batch, beam, vocab) + state.live_log_probs[:, :, None]
-
-        # 2. The 2*beam best extensions of all hypotheses: [batch, 2 * beam].
-        top_log_probs, top_flat = lax.top_k(log_probs.reshape(batch, beam * vocab), 2 * beam)
-        top_parents, top_tokens = top_flat // vocab, top_flat % vocab
+        # 2. The 2*beam best extensions of all hypotheses: [batch, 2 * beam]. They lie among the 2*beam best
+        # tokens of each hypothesis (plus pad, which is dropped), so one top-k over each row's logits (whose
+        # order is the log-softmax's) cuts the search to [batch, beam * (2 * beam + 1)] candidates; no
+        # [batch * beam, vocab] array of log-probabilities is written.
+        per_row = min(2 * beam + 1, logits.shape[-1])  # a vocabulary smaller than that keeps every token
+        row_logits, row_tokens = lax.top_k(logits, per_row)  # [batch * beam, per_row]
+        row_log_probs = row_logits - jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+        row_log_probs = jnp.where(row_tokens == pad_id, NEG_INF, row_log_probs)
+        row_log_probs = row_log_probs.reshape(batch, beam, -1) + state.live_log_probs[:, :, None]
+        candidates = row_log_probs.shape[-1]
+        top_log_probs, top_flat = lax.top_k(row_log_probs.reshape(batch, beam * candidates), 2 * beam)
+        top_parents = top_flat // candidates
+        top_tokens = jnp.take_along_axis(row_tokens.reshape(batch, beam * candidates), top_flat, axis=1)
         top_seqs = gather(state.live_seqs, top_parents)  # [batch, 2 * beam, length]
         top_seqs = jnp.where(positions == index, top_tokens[:, :, None], top_seqs)
         new_length = index + 1  # |Y|, EOS included
         ends = (top_tokens == eos_id) | (new_length >= max_lengths)[:, None]  # [batch, 2 * beam]
         ends = ends & _is_valid(top_log_probs)
 
-        # 3. Live: the best `beam` extensions that did not end. The cache follows its parents (one gather).
+        # 3. Live: the best `beam` extensions that did not end. The cache follows its parents (reorder_cache).
         live_log_probs, live_pick = lax.top_k(jnp.where(ends, NEG_INF, top_log_probs), beam)  # [batch, beam]
         live_seqs = gather(top_seqs, live_pick)
         cache = reorder_cache(cache, jnp.take_along_axis(top_parents, live_pick, axis=1), one_hot=one_hot)
@@ -215,7 +222,7 @@ def _beam_search(
     # The encoder runs once per sentence, and its cross-attention keys/values are stored once per sentence and
     # shared by its hypotheses (layers.attention groups the query rows); only the source ids are repeated.
     flat_inputs = _repeat_for_beams(inputs, beam_size)  # [batch * beam, src_len]
-    cache = init_cache(model, params, encoded, flat_inputs, max_decode_len)
+    cache = with_lineage(init_cache(model, params, encoded, flat_inputs, max_decode_len), beam_size)
     return beam_search_core(
         transformer_step_fn(model, params, encoded, flat_inputs),
         cache,

@@ -60,11 +60,11 @@ def greedy_search(
         return (state.step < max_decode_len) & ~jnp.all(state.done)
 
     def step(state: GreedyState) -> GreedyState:
-        logits, cache = step_fn(state.last, state.cache)  # [batch, vocab]
-        log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-        log_probs = log_probs.at[:, pad_id].set(NEG_INF)  # pad is not a token a translation may contain
-        token = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)  # [batch]
-        token_log_prob = jnp.take_along_axis(log_probs, token[:, None], axis=-1)[:, 0]
+        logits, cache = step_fn(state.last, state.cache)  # [batch, vocab] float32
+        # The argmax of the logits is the log-softmax's; pad is not a token a translation may contain.
+        token = jnp.argmax(logits.at[:, pad_id].set(NEG_INF), axis=-1).astype(jnp.int32)  # [batch]
+        token_logit = jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0]
+        token_log_prob = token_logit - jax.nn.logsumexp(logits, axis=-1)
         token = jnp.where(state.done, pad_id, token)
         tokens = lax.dynamic_update_slice(state.tokens, token[:, None], (0, state.step))
         done = state.done | (token == eos_id) | (state.step + 1 >= max_lengths)
