@@ -15,7 +15,14 @@ import numpy as np
 import pytest
 
 from transformer_jax import config as config_lib
-from transformer_jax.decoding import DecodeConfig, beam_search, beam_search_core, greedy_search, length_penalty
+from transformer_jax.decoding import (
+    DecodeConfig,
+    beam_search,
+    beam_search_core,
+    greedy_search,
+    length_penalty,
+    uncached_step_fn,
+)
 from transformer_jax.decoding.beam import BeamState, search_should_continue
 from transformer_jax.decoding.config import NEG_INF
 from transformer_jax.model import Transformer
@@ -374,6 +381,32 @@ def test_transformer_wide_beam_equals_exhaustive_enumeration_in_a_padded_batch(t
         by_sequence = {y: s for s, y in oracle}
         for score, y in zip(scores[b], sequences[b]):
             assert by_sequence[strip(y)] == pytest.approx(score, rel=1e-5, abs=1e-5)
+
+
+@pytest.mark.parametrize("beam", [3, 4])
+def test_transformer_beam_over_the_cache_equals_beam_over_uncached_steps(tiny_model, beam):
+    """The oracle re-runs the decoder over each hypothesis's whole prefix at every step (no cache, nothing kept
+    per row), so it checks the lineage that lets beam search leave keys/values where they were computed."""
+    model, params, sources = tiny_model
+    params = jax.tree.map(lambda x: 0.3 * x, params)  # flatter distributions: hypotheses change parents often
+    length, alpha = 12, 0.6
+    sequences, scores = beam_search(model, params, sources, beam_size=beam, alpha=alpha, max_decode_len=length)
+    encoded = model.apply({"params": params}, sources, method="encode")  # [2, src_len, d_model]
+    rows = lambda x: jnp.repeat(x, beam, axis=0)  # noqa: E731 - [2 * beam, ...], hypotheses of a source adjacent
+    step_fn, prefixes = uncached_step_fn(model, params, rows(encoded), rows(sources), length, PAD)
+    oracle_sequences, oracle_scores = beam_search_core(
+        step_fn,
+        prefixes,
+        batch_size=2,
+        beam_size=beam,
+        alpha=alpha,
+        max_decode_len=length,
+        bos_id=BOS,
+        eos_id=EOS,
+        pad_id=PAD,
+    )
+    np.testing.assert_array_equal(sequences, oracle_sequences)
+    np.testing.assert_allclose(scores, oracle_scores, rtol=1e-5, atol=1e-5)
 
 
 def test_beam_search_defaults_come_from_the_config():
