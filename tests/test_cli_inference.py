@@ -221,6 +221,19 @@ def test_average_refuses_a_non_positive_count(workdir, last, monkeypatch, capsys
     assert code == 2 and "--last" in err
 
 
+def test_search_speed_benchmark_runs_on_a_trained_workdir(workdir, tmp_path, capsys):
+    """experiments/bench/search_speed.py cannot rot: it runs on this workdir (no timing is asserted)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments" / "bench"))
+    import search_speed
+
+    source, out = tmp_path / "source.en", tmp_path / "search.json"
+    source.write_text("\n".join(SOURCES) + "\n")
+    search_speed.main(["--workdir", str(workdir), "--source", str(source), "--beams", "2", "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["method"] for row in rows] == ["greedy", "beam 2"] and rows[1]["decode"]["beam_size"] == 2
+    assert all(row["sentences_per_s"] > 0 for row in rows) and "beam 2" in capsys.readouterr().out
+
+
 def test_average_refuses_a_fraction_outside_the_run(workdir, monkeypatch, capsys):
     code, _, err = run_cli(
         ["average", "--workdir", str(workdir), "--from-fraction", "2"], monkeypatch=monkeypatch, capsys=capsys

@@ -12,13 +12,12 @@ Times are wall-clock medians after one compiling call. No numbers are asserted a
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
-import json
-import os
 import platform
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import flax.linen as nn
 import jax
@@ -27,6 +26,9 @@ import jax.numpy as jnp
 from transformer_jax import config as config_lib
 from transformer_jax.decoding import greedy_search, init_cache, transformer_step_fn, uncached_step_fn
 from transformer_jax.model import Transformer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_file import write_results  # noqa: E402
 
 MODELS = {
     "tiny": lambda: config_lib.tiny(dropout_rate=0.0),
@@ -129,23 +131,15 @@ def main(argv=None):
                 flush=True,
             )
 
-    out = args.out or os.path.join(
-        os.path.dirname(__file__), "results", f"decode_speed_{datetime.datetime.now():%Y%m%d_%H%M%S}.json"
-    )
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(
-            {
-                "jax": jax.__version__,
-                "device": jax.devices()[0].device_kind,
-                "platform": platform.platform(),
-                "devices": jax.device_count(),
-                "args": vars(args),
-                "rows": rows,
-            },
-            f,
-            indent=2,
-        )
+    payload = {
+        "jax": jax.__version__,
+        "device": jax.devices()[0].device_kind,
+        "platform": platform.platform(),
+        "devices": jax.device_count(),
+        "args": vars(args),
+        "rows": rows,
+    }
+    out = write_results("decode_speed", payload, args.out)
     print(f"wrote {out}")
 
 

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
-import json
-import os
 import platform
+import sys
 import time
+from pathlib import Path
 
 import jax
 
 from transformer_jax.decoding import DecodeConfig
 from transformer_jax.translate import Translator
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_file import write_results  # noqa: E402
 
 
 def timed_translation(translator: Translator, lines: list[str]) -> tuple[float, float]:
@@ -73,13 +75,8 @@ def main(argv=None):
             flush=True,
         )
 
-    out = args.out or os.path.join(
-        os.path.dirname(__file__), "results", f"search_{datetime.datetime.now():%Y%m%d_%H%M%S}.json"
-    )
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        payload = {"jax": jax.__version__, "platform": platform.platform(), "args": vars(args), "rows": rows}
-        json.dump(payload, f, indent=2)
+    payload = {"jax": jax.__version__, "platform": platform.platform(), "args": vars(args), "rows": rows}
+    out = write_results("search", payload, args.out)
     print(f"wrote {out}")
 
 
