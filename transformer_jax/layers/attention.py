@@ -18,7 +18,9 @@ def attention_weights(query: jnp.ndarray, key: jnp.ndarray, mask: jnp.ndarray | 
 
     query: [batch, q_len, heads, head_dim]; key: [batch, kv_len, heads, head_dim], or [batch / g, kv_len, ...]
     shared by g consecutive query rows (the hypotheses of one source in beam search, so the encoder's keys are
-    stored once per source); mask: boolean, broadcastable to [batch, heads, q_len, kv_len], True = may attend.
+    stored once per source), or a beam search block [sources, beam, length, heads, head_dim] read by every
+    hypothesis of the source at one decode step (kv_len = beam * length; MultiHeadAttention._attend_along_lineage);
+    mask: boolean, broadcastable to [batch, heads, q_len, kv_len], True = may attend.
     Returns [batch, heads, q_len, kv_len]; a row with no allowed key is all zeros (never NaN).
     """
     head_dim = query.shape[-1]
@@ -53,7 +55,7 @@ def read_values(
     """Weighted sum of values, with optional dropout on the weights (not in the paper; off by default).
 
     weights: [batch, heads, q_len, kv_len]; value: [batch, kv_len, heads, head_dim] (or shared by groups of rows,
-    as in `attention_weights`) -> [batch, q_len, heads, head_dim].
+    or a beam block, as in `attention_weights`) -> [batch, q_len, heads, head_dim].
     """
     if not deterministic and dropout_rate > 0.0:
         if dropout_rng is None:
