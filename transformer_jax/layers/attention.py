@@ -18,19 +18,11 @@ def attention_weights(query: jnp.ndarray, key: jnp.ndarray, mask: jnp.ndarray | 
 
     query: [batch, q_len, heads, head_dim]; key: [batch, kv_len, heads, head_dim], or [batch / g, kv_len, ...]
     shared by g consecutive query rows (the hypotheses of one source in beam search, so the encoder's keys are
-    stored once per source), or a beam search block [sources, beam, length, heads, head_dim] read by every
-    hypothesis of the source at one decode step (kv_len = beam * length; MultiHeadAttention._attend_along_lineage);
-    mask: boolean, broadcastable to [batch, heads, q_len, kv_len], True = may attend.
+    stored once per source); mask: boolean, broadcastable to [batch, heads, q_len, kv_len], True = may attend.
     Returns [batch, heads, q_len, kv_len]; a row with no allowed key is all zeros (never NaN).
     """
     head_dim = query.shape[-1]
-    if key.ndim == 5:  # a beam block: one decode step, every hypothesis against every row of its block
-        key = key.reshape((key.shape[0], -1) + key.shape[3:])  # [sources, beam * length, heads, head_dim]
-        grouped = query[:, 0].reshape((key.shape[0], -1, 1) + query.shape[2:])  # [sources, g, 1, heads, head_dim]
-        # A product and a sum read the block in place; a dot would first copy it into [sources, heads, ...] order.
-        scores = jnp.sum(grouped.astype(jnp.float32) * key[:, None].astype(jnp.float32), axis=-1)  # [.., kv, heads]
-        scores = jnp.swapaxes(scores, -1, -2).reshape(query.shape[0], -1, 1, key.shape[1])  # [rows, heads, 1, kv]
-    elif key.shape[0] == query.shape[0]:
+    if key.shape[0] == query.shape[0]:
         scores = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32)
     else:
         grouped = query.reshape((key.shape[0], -1) + query.shape[1:])  # [sources, g, q_len, heads, head_dim]
@@ -55,7 +47,7 @@ def read_values(
     """Weighted sum of values, with optional dropout on the weights (not in the paper; off by default).
 
     weights: [batch, heads, q_len, kv_len]; value: [batch, kv_len, heads, head_dim] (or shared by groups of rows,
-    or a beam block, as in `attention_weights`) -> [batch, q_len, heads, head_dim].
+    as in `attention_weights`) -> [batch, q_len, heads, head_dim].
     """
     if not deterministic and dropout_rate > 0.0:
         if dropout_rng is None:
@@ -63,12 +55,6 @@ def read_values(
         keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
         weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
     weights = weights.astype(value.dtype)
-    if value.ndim == 5:  # a beam block (see attention_weights)
-        value = value.reshape((value.shape[0], -1) + value.shape[3:])  # [sources, beam * length, heads, head_dim]
-        per_key = weights.reshape((value.shape[0], -1) + weights.shape[1:])[:, :, :, 0]  # [sources, g, heads, kv]
-        per_key = jnp.swapaxes(per_key, -1, -2)[..., None].astype(jnp.float32)  # [sources, g, kv, heads, 1]
-        out = jnp.sum(per_key * value[:, None].astype(jnp.float32), axis=2)  # [sources, g, heads, head_dim]
-        return out.reshape(weights.shape[0], 1, *value.shape[2:]).astype(value.dtype)
     if value.shape[0] == weights.shape[0]:
         return jnp.einsum("bhqk,bkhd->bqhd", weights, value)
     grouped = weights.reshape((value.shape[0], -1) + weights.shape[1:])  # [sources, g, heads, q_len, kv_len]
@@ -200,27 +186,4 @@ class MultiHeadAttention(nn.Module):
         )
         cache_index.value = index + 1
         filled = (jnp.arange(max_length) <= index)[None, None, None, :]  # [1, 1, 1, max_length]
-        if not self.has_variable("cache", "lineage"):
-            return cached_key.value, cached_value.value, combine_masks(mask, filled)
-        return self._attend_along_lineage(cached_key.value, cached_value.value, mask, filled, index)
-
-    def _attend_along_lineage(self, cached_key, cached_value, mask, filled, index):
-        """Beam search without moving the cache (decoding/cache.py: with_lineage).
-
-        Rows keep the keys/values they computed; `lineage` [sources, beam, max_length] says, for the hypothesis
-        now in row j of a source's block of `beam` rows, which row of the block holds its position s. Each
-        hypothesis reads all keys of its block, masked to its own positions: beam times the (small) attention
-        reads of a decode step instead of copying the whole cache at every step. Returns the block's keys and
-        values [sources, beam, max_length, heads, head_dim] and the mask [rows, 1, 1, beam * max_length].
-        """
-        lineage = self.get_variable("cache", "lineage")  # [sources, beam, max_length]
-        sources, beam, max_length = lineage.shape
-        own_rows = jnp.broadcast_to(jnp.arange(beam, dtype=lineage.dtype)[None, :, None], (sources, beam, 1))
-        lineage = lax.dynamic_update_slice(lineage, own_rows, (0, 0, index))  # this step's key/value: its own row
-        self.put_variable("cache", "lineage", lineage)
-        holds = lineage[:, :, None, :] == jnp.arange(beam)[None, None, :, None]  # [sources, beam, beam, max_length]
-        own = (holds & filled[0, 0]).reshape(sources * beam, 1, 1, beam * max_length)
-        if mask is not None:  # a mask over positions applies wherever the position is held
-            mask = jnp.tile(mask, (1,) * (mask.ndim - 1) + (beam,))
-        block = (sources, beam) + cached_key.shape[1:]  # [sources, beam, max_length, heads, head_dim]
-        return cached_key.reshape(block), cached_value.reshape(block), combine_masks(mask, own)
+        return cached_key.value, cached_value.value, combine_masks(mask, filled)
