@@ -67,6 +67,10 @@ class _Section:
 DropoutPrng = Literal["rbg_threefry", "rbg", "threefry"]
 DROPOUT_PRNGS = typing.get_args(DropoutPrng)
 
+# SentencePiece's built-in normalization rules (data/tokenizer.py); the "_cf" ones fold case.
+TokenizerNormalization = Literal["nmt_nfkc", "nmt_nfkc_cf", "nfkc", "nfkc_cf", "identity"]
+TOKENIZER_NORMALIZATIONS = typing.get_args(TokenizerNormalization)
+
 # Data sources with files in a directory (`data.path`).
 SOURCES_WITH_DIRECTORY = ("local", "multi30k")
 
@@ -91,6 +95,8 @@ class DataConfig(_Section):
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # further keyword options of the source
     vocab_size: int = 37000  # shared source/target BPE vocabulary (§5.1); the model's vocab_size follows it
     tokenizer_model_type: Literal["bpe", "unigram"] = "bpe"
+    # SentencePiece's normalization rule; "nmt_nfkc_cf" folds case (a lowercased model, as in lowercased benchmarks)
+    tokenizer_normalization: TokenizerNormalization = "nmt_nfkc"
     tokenizer_max_sentences: int = 1_000_000
     # Padded positions per side of a batch (rows x bucket length, pad included): the static shapes jit sees.
     # Real tokens are fewer (~72% with the default buckets on WMT-like lengths; experiments/base.py sets 35000

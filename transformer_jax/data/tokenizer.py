@@ -4,6 +4,10 @@
 sentences and writes `{directory}/spm.model`; when that file exists (a resumed run) it is loaded instead.
 Special ids default to pad=0, bos=1, eos=2, unk=3, matching `ModelConfig(pad_id=0, bos_id=1, eos_id=2)`.
 
+`normalization` is SentencePiece's normalization rule: "nmt_nfkc" (its default) keeps case; "nmt_nfkc_cf" also
+folds case, so the model reads and writes lowercased text (the preprocessing of lowercased benchmarks such as
+the published Multi30k results).
+
 A vocab_size larger than the sample supports is an error that states the largest possible size; it is not
 silently lowered (`hard_vocab_limit=False`), because the model's embedding table is sized from the config.
 """
@@ -22,6 +26,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from transformer_jax.data.pairs import Pair
+from transformer_jax.experiment import TOKENIZER_NORMALIZATIONS
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +48,15 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return self.processor.get_piece_size()
+
+    @property
+    def normalization(self) -> str:
+        """The SentencePiece normalization rule the model was trained with (see experiment.TOKENIZER_NORMALIZATIONS)."""
+        from sentencepiece import sentencepiece_model_pb2
+
+        proto = sentencepiece_model_pb2.ModelProto()
+        proto.ParseFromString(self.processor.serialized_model_proto())
+        return proto.normalizer_spec.name
 
     def encode(self, text: str) -> list[int]:
         return self.processor.encode(text)
@@ -95,6 +109,7 @@ def train_tokenizer(
     model_type: str = "bpe",
     character_coverage: float = 1.0,
     num_threads: int = 1,
+    normalization: str = "nmt_nfkc",
     pad_id: int = 0,
     bos_id: int = 1,
     eos_id: int = 2,
@@ -106,6 +121,8 @@ def train_tokenizer(
     """
     if model_type not in ("bpe", "unigram"):
         raise ValueError(f"model_type must be 'bpe' or 'unigram', got {model_type!r}.")
+    if normalization not in TOKENIZER_NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {TOKENIZER_NORMALIZATIONS}, got {normalization!r}.")
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
@@ -121,6 +138,7 @@ def train_tokenizer(
             input_sentence_size=0,
             shuffle_input_sentence=False,
             num_threads=num_threads,
+            normalization_rule_name=normalization,
             minloglevel=2,
         )
     except RuntimeError as error:
@@ -144,6 +162,7 @@ def load_or_train_tokenizer(
     seed: int = 0,
     character_coverage: float = 1.0,
     num_threads: int = 1,
+    normalization: str = "nmt_nfkc",
     pad_id: int = 0,
     bos_id: int = 1,
     eos_id: int = 2,
@@ -151,8 +170,8 @@ def load_or_train_tokenizer(
 ) -> Tokenizer:
     """Loads `{directory}/spm.model` if present, else trains on a balanced sample of `pairs` and saves it.
 
-    `pairs` is only read when training. A loaded model must have `vocab_size` pieces and the given special
-    ids, else this fails rather than train a second, different vocabulary over a saved run.
+    `pairs` is only read when training. A loaded model must have `vocab_size` pieces, the given special ids
+    and normalization, else this fails rather than train a second, different vocabulary over a saved run.
     """
     path = Path(directory) / MODEL_FILENAME
     special_ids = dict(pad_id=pad_id, bos_id=bos_id, eos_id=eos_id, unk_id=unk_id)
@@ -164,11 +183,19 @@ def load_or_train_tokenizer(
                 f"{path} has {tokenizer.vocab_size} pieces, but vocab_size={vocab_size} was asked "
                 f"for. Use a fresh --workdir or set --config.data.vocab_size={tokenizer.vocab_size}."
             )
+        if tokenizer.normalization != normalization:
+            raise ValueError(
+                f"{path} was trained with normalization {tokenizer.normalization!r}, but {normalization!r} was "
+                f"asked for. Use a fresh --workdir or set "
+                f"--config.data.tokenizer_normalization={tokenizer.normalization}."
+            )
         logger.info("Loaded the SentencePiece model %s (%d pieces).", path, tokenizer.vocab_size)
         return tokenizer
     sentences = balanced_sample(pairs, max_sentences, seed)
     logger.info("Training a %d-piece %s SentencePiece model on %d sentences.", vocab_size, model_type, len(sentences))
-    tokenizer = train_tokenizer(sentences, vocab_size, model_type, character_coverage, num_threads, **special_ids)
+    tokenizer = train_tokenizer(
+        sentences, vocab_size, model_type, character_coverage, num_threads, normalization, **special_ids
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as file:
         file.write(tokenizer.processor.serialized_model_proto())

@@ -116,6 +116,7 @@ def _shared_tokenizer(workdir: Path, source, experiment: Experiment):
             source.pairs("train"),
             data.vocab_size,
             model_type=data.tokenizer_model_type,
+            normalization=data.tokenizer_normalization,
             max_sentences=data.tokenizer_max_sentences,
             seed=experiment.train.seed,
         )
