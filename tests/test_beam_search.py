@@ -383,21 +383,24 @@ def test_transformer_wide_beam_equals_exhaustive_enumeration_in_a_padded_batch(t
             assert by_sequence[strip(y)] == pytest.approx(score, rel=1e-5, abs=1e-5)
 
 
-@pytest.mark.parametrize("beam", [3, 4])
-def test_transformer_beam_over_the_cache_equals_beam_over_uncached_steps(tiny_model, beam):
+@pytest.mark.parametrize("beam, num_sources", [(3, 2), (4, 2), (3, 1)])
+def test_transformer_beam_over_the_cache_equals_beam_over_uncached_steps(tiny_model, beam, num_sources):
     """The oracle re-runs the decoder over each hypothesis's whole prefix at every step (no cache, nothing kept
-    per row), so it checks the lineage that lets beam search leave keys/values where they were computed."""
+    per row), so it checks the lineage that lets beam search leave keys/values where they were computed.
+    One source alone is its own case: a product-and-sum form of the block attention was miscompiled by XLA's
+    CPU (YNN) fusion exactly when the block's leading dimension was 1."""
     model, params, sources = tiny_model
+    sources = sources[:num_sources]
     params = jax.tree.map(lambda x: 0.3 * x, params)  # flatter distributions: hypotheses change parents often
     length, alpha = 12, 0.6
     sequences, scores = beam_search(model, params, sources, beam_size=beam, alpha=alpha, max_decode_len=length)
-    encoded = model.apply({"params": params}, sources, method="encode")  # [2, src_len, d_model]
-    rows = lambda x: jnp.repeat(x, beam, axis=0)  # noqa: E731 - [2 * beam, ...], hypotheses of a source adjacent
+    encoded = model.apply({"params": params}, sources, method="encode")  # [num_sources, src_len, d_model]
+    rows = lambda x: jnp.repeat(x, beam, axis=0)  # noqa: E731 - [num_sources * beam, ...], a source's rows adjacent
     step_fn, prefixes = uncached_step_fn(model, params, rows(encoded), rows(sources), length, PAD)
     oracle_sequences, oracle_scores = beam_search_core(
         step_fn,
         prefixes,
-        batch_size=2,
+        batch_size=num_sources,
         beam_size=beam,
         alpha=alpha,
         max_decode_len=length,

@@ -79,7 +79,7 @@ def test_cached_steps_match_teacher_forced_logits(compiled):
         np.testing.assert_allclose(logits, expected[:, t], rtol=1e-5, atol=1e-5, err_msg=f"step {t}")
     for index in range(TINY.num_decoder_layers):  # one self-attention cache per layer, filled to the end
         layer = cache["decoder"][f"layer_{index}"]["self_attention"]
-        assert layer["cached_key"].shape == (2, 6, TINY.num_heads, TINY.head_dim)
+        assert layer["cached_key"].shape == (2, TINY.num_heads, 1, 6, TINY.head_dim)  # [batch, heads, 1, len, d]
         assert int(layer["cache_index"]) == 6
 
 
@@ -161,7 +161,7 @@ def test_cache_is_sharded_along_the_batch_like_the_activations(compiled):
     cache = compiled["cache"]
     shardings = parallel.decode_cache_shardings(cache, mesh)
     layer = shardings["decoder"]["layer_0"]
-    assert layer["self_attention"]["cached_key"].spec == PartitionSpec(("data", "fsdp"), None, None, None)
+    assert layer["self_attention"]["cached_key"].spec == PartitionSpec(("data", "fsdp"), None, None, None, None)
     assert layer["cross_attention"]["memory_key"].spec == PartitionSpec(("data", "fsdp"), None, None, None)
     assert layer["self_attention"]["cache_index"].spec == PartitionSpec()
     assert shardings["decoder"]["position"].spec == PartitionSpec()

@@ -54,7 +54,7 @@ class Tokenizer:
         """The SentencePiece normalization rule the model was trained with (see experiment.TOKENIZER_NORMALIZATIONS)."""
         from sentencepiece import sentencepiece_model_pb2
 
-        proto = sentencepiece_model_pb2.ModelProto()
+        proto = sentencepiece_model_pb2.ModelProto()  # type: ignore[attr-defined]  # generated protobuf module
         proto.ParseFromString(self.processor.serialized_model_proto())
         return proto.normalizer_spec.name
 

@@ -42,6 +42,7 @@ from transformer_jax.decoding.cache import (
     init_cache,
     reorder_cache,
     transformer_step_fn,
+    with_lineage,
 )
 from transformer_jax.decoding.config import (
     NEG_INF,
@@ -221,7 +222,7 @@ def _beam_search(
     # The encoder runs once per sentence, and its cross-attention keys/values are stored once per sentence and
     # shared by its hypotheses (layers.attention groups the query rows); only the source ids are repeated.
     flat_inputs = _repeat_for_beams(inputs, beam_size)  # [batch * beam, src_len]
-    cache = init_cache(model, params, encoded, flat_inputs, max_decode_len)
+    cache = with_lineage(init_cache(model, params, encoded, flat_inputs, max_decode_len), beam_size)
     return beam_search_core(
         transformer_step_fn(model, params, encoded, flat_inputs),
         cache,

@@ -1,10 +1,12 @@
 """The decode cache of a Transformer as a pytree: creating it, stepping with it, reordering and sharding it.
 
 Layout (Flax 'cache' collection, one subtree per decoder layer `decoder/layer_i`):
-  self_attention/cached_key, cached_value   [batch, max_decode_len, heads, head_dim]  grows one step per call
-  self_attention/cache_index                []                                        next write position
-  cross_attention/memory_key, memory_value  [sources, src_len, heads, head_dim]       computed once per source
-  decoder/position                          []                                        next target position
+  self_attention/cached_key, cached_value   [batch, heads, 1, max_decode_len, head_dim]  one step per call
+                                            [sources, heads, beam, max_decode_len, head_dim]  made with_lineage
+  self_attention/cache_index                []                                                next write position
+  self_attention/lineage                    [sources, beam, max_decode_len] int32   beam search only (with_lineage)
+  cross_attention/memory_key, memory_value  [sources, src_len, heads, head_dim]     computed once per source
+  decoder/position                          []                                      next target position
 
 A step function `step_fn(tokens [n], cache) -> (logits [n, vocab] float32, cache)` is what the searches
 in greedy.py and beam.py consume; they never look inside the model.
@@ -27,6 +29,9 @@ StepFn = Callable[[jnp.ndarray, Cache], tuple[jnp.ndarray, Cache]]
 
 # Cache leaves that are the same for every hypothesis of one source sentence: never reordered across beams.
 SOURCE_LEAVES = ("memory_key", "memory_value")
+# Self-attention keys/values; with a lineage leaf beside them they stay in the row that computed them.
+SELF_LEAVES = ("cached_key", "cached_value")
+LINEAGE = "lineage"
 
 
 def as_params(params):
@@ -118,18 +123,50 @@ def gather_beams(x: jnp.ndarray, indices: jnp.ndarray, *, one_hot: bool = False)
     return jnp.take_along_axis(x, expanded, axis=1)
 
 
+def with_lineage(cache: Cache, beam_size: int) -> Cache:
+    """A fresh beam cache whose self-attention keys/values are never moved: each self-attention layer gets one
+    block [sources, heads, beam, max_decode_len, head_dim] per source and a `lineage` [sources, beam,
+    max_decode_len] (which row of its source's block holds each position of the hypothesis in row j), and
+    reorder_cache moves that small table instead of the keys and values.
+
+    Per step, reordering the keys/values costs a copy of the whole cache (the [100 * 4, 66, 128] float32 keys and
+    values of 4 layers: 108 MB), the lineage a beam-times wider attention read; layers.attention does the rest.
+    """
+
+    def add(subtree):
+        if not isinstance(subtree, dict) and not hasattr(subtree, "keys"):
+            return subtree
+        subtree = {name: add(child) for name, child in subtree.items()}
+        if "cached_key" in subtree:
+            rows, heads, _, max_decode_len, head_dim = subtree["cached_key"].shape
+            sources = rows // beam_size
+            for name in SELF_LEAVES:  # still empty: a fresh block [sources, heads, beam, max_decode_len, head_dim]
+                block = (sources, heads, beam_size, max_decode_len, head_dim)
+                subtree[name] = jnp.zeros(block, subtree[name].dtype)
+            subtree[LINEAGE] = jnp.zeros((sources, beam_size, max_decode_len), jnp.int32)
+        return subtree
+
+    return add(cache)
+
+
 def reorder_cache(cache: Cache, indices: jnp.ndarray, *, one_hot: bool = False) -> Cache:
     """Reorders the per-hypothesis rows of a flattened beam cache: leaves [batch * old_beam, ...] ->
     [batch * new_beam, ...] with row (b, j) taken from (b, indices[b, j]).
 
     Scalars (cache_index, position) are shared by all rows and stay; cross-attention memory_key/value hold one
-    row per source, shared by its hypotheses, so they are not moved.
+    row per source, shared by its hypotheses, so they are not moved; in a cache made `with_lineage` the
+    self-attention keys/values stay too and their lineage [batch, beam, ...] moves instead.
     """
     batch, new_beam = indices.shape
+    leaves = jax.tree_util.tree_flatten_with_path(cache)[0]
+    has_lineage = {path[:-1] for path, _ in leaves if _leaf_name(path) == LINEAGE}
 
     def reorder(path, leaf):
-        if leaf.ndim == 0 or _leaf_name(path) in SOURCE_LEAVES:
+        name = _leaf_name(path)
+        if leaf.ndim == 0 or name in SOURCE_LEAVES or (name in SELF_LEAVES and path[:-1] in has_lineage):
             return leaf
+        if name == LINEAGE:
+            return gather_beams(leaf, indices, one_hot=one_hot)
         old_beam = leaf.shape[0] // batch
         per_beam = leaf.reshape((batch, old_beam) + leaf.shape[1:])  # [batch, old_beam, ...]
         gathered = gather_beams(per_beam, indices, one_hot=one_hot)  # [batch, new_beam, ...]

@@ -18,11 +18,19 @@ def attention_weights(query: jnp.ndarray, key: jnp.ndarray, mask: jnp.ndarray | 
 
     query: [batch, q_len, heads, head_dim]; key: [batch, kv_len, heads, head_dim], or [batch / g, kv_len, ...]
     shared by g consecutive query rows (the hypotheses of one source in beam search, so the encoder's keys are
-    stored once per source); mask: boolean, broadcastable to [batch, heads, q_len, kv_len], True = may attend.
+    stored once per source), or a decode cache block [batch / g, heads, block, length, head_dim] read by g
+    consecutive query rows at one decode step (q_len 1, kv_len = block * length; MultiHeadAttention._append_to_cache);
+    mask: boolean, broadcastable to [batch, heads, q_len, kv_len], True = may attend.
     Returns [batch, heads, q_len, kv_len]; a row with no allowed key is all zeros (never NaN).
     """
     head_dim = query.shape[-1]
-    if key.shape[0] == query.shape[0]:
+    if key.ndim == 5:  # a decode cache block: one step, each query row against every row of its block
+        groups, heads, block, length, _ = key.shape
+        key = key.reshape(groups, heads, block * length, head_dim)  # free: the block is contiguous per head
+        grouped = query[:, 0].reshape(groups, -1, heads, head_dim)  # [groups, g, heads, head_dim]
+        scores = jnp.einsum("sghd,shkd->sghk", grouped, key, preferred_element_type=jnp.float32)
+        scores = scores.reshape(query.shape[0], heads, 1, block * length)  # [rows, heads, 1, kv_len]
+    elif key.shape[0] == query.shape[0]:
         scores = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32)
     else:
         grouped = query.reshape((key.shape[0], -1) + query.shape[1:])  # [sources, g, q_len, heads, head_dim]
@@ -47,7 +55,7 @@ def read_values(
     """Weighted sum of values, with optional dropout on the weights (not in the paper; off by default).
 
     weights: [batch, heads, q_len, kv_len]; value: [batch, kv_len, heads, head_dim] (or shared by groups of rows,
-    as in `attention_weights`) -> [batch, q_len, heads, head_dim].
+    or a decode cache block, as in `attention_weights`) -> [batch, q_len, heads, head_dim].
     """
     if not deterministic and dropout_rate > 0.0:
         if dropout_rng is None:
@@ -55,6 +63,12 @@ def read_values(
         keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
         weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
     weights = weights.astype(value.dtype)
+    if value.ndim == 5:  # a decode cache block (see attention_weights)
+        groups, heads, block, length, head_dim = value.shape
+        value = value.reshape(groups, heads, block * length, head_dim)
+        grouped = weights.reshape(groups, -1, heads, block * length)  # [groups, g, heads, kv_len] (q_len 1)
+        out = jnp.einsum("sghk,shkd->sghd", grouped, value)  # [groups, g, heads, head_dim]
+        return out.reshape(weights.shape[0], 1, heads, head_dim)
     if value.shape[0] == weights.shape[0]:
         return jnp.einsum("bhqk,bkhd->bqhd", weights, value)
     grouped = weights.reshape((value.shape[0], -1) + weights.shape[1:])  # [sources, g, heads, q_len, kv_len]
@@ -167,23 +181,49 @@ class MultiHeadAttention(nn.Module):
     def _append_to_cache(self, key, value, mask):
         """Self-attention decode step: write this step's key/value at the cache index.
 
+        The cache is a block [groups, heads, block, max_length, head_dim] read by `block` consecutive query rows
+        per group: block 1 (one row per sequence) unless decoding/cache.with_lineage made it a beam search block.
+        Heads-major, so the step's attention is two batched dots over the cache as stored (no per-step copy).
         The first call (cache initialisation) sees the full-length target and only sizes the cache.
         """
         is_initialized = self.has_variable("cache", "cached_key")
-        cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
-        cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+        rows, max_length, heads, head_dim = key.shape
+        block_shape = (rows, heads, 1, max_length, head_dim)  # [groups, heads, block, max_length, head_dim]
+        cached_key = self.variable("cache", "cached_key", jnp.zeros, block_shape, key.dtype)
+        cached_value = self.variable("cache", "cached_value", jnp.zeros, block_shape, value.dtype)
         cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, dtype=jnp.int32))
         if not is_initialized:
             return key, value, mask
-        max_length = cached_key.value.shape[1]
+        groups, _, block, max_length, _ = cached_key.value.shape
         index = cache_index.value
-        # key, value: [batch, 1, heads, head_dim] -> cache [batch, max_length, heads, head_dim]
-        cached_key.value = lax.dynamic_update_slice(
-            cached_key.value, key.astype(cached_key.value.dtype), (0, index, 0, 0)
-        )
-        cached_value.value = lax.dynamic_update_slice(
-            cached_value.value, value.astype(cached_value.value.dtype), (0, index, 0, 0)
-        )
+
+        def write(cache, new):  # new: [rows, 1, heads, head_dim] -> [groups, heads, block, 1, head_dim] at index
+            new = jnp.swapaxes(new[:, 0].reshape(groups, block, heads, head_dim), 1, 2)[:, :, :, None]
+            return lax.dynamic_update_slice(cache, new.astype(cache.dtype), (0, 0, 0, index, 0))
+
+        cached_key.value = write(cached_key.value, key)
+        cached_value.value = write(cached_value.value, value)
         cache_index.value = index + 1
-        filled = (jnp.arange(max_length) <= index)[None, None, None, :]  # [1, 1, 1, max_length]
-        return cached_key.value, cached_value.value, combine_masks(mask, filled)
+        filled = jnp.arange(max_length) <= index  # [max_length]
+        if not self.has_variable("cache", "lineage"):
+            return cached_key.value, cached_value.value, combine_masks(mask, filled[None, None, None, :])
+        if mask is not None:  # a mask over positions applies in whichever row of the block the position is
+            mask = jnp.tile(mask, (1,) * (mask.ndim - 1) + (block,))
+        return cached_key.value, cached_value.value, combine_masks(mask, self._lineage_mask(filled, index))
+
+    def _lineage_mask(self, filled, index):
+        """Beam search without moving the cache (decoding/cache.py: with_lineage).
+
+        Rows keep the keys/values they computed; `lineage` [sources, beam, max_length] says, for the hypothesis
+        now in row j of a source's block of `beam` rows, which row of the block holds its position s. Each
+        hypothesis reads all keys of its block, masked to its own positions: beam times the (small) attention
+        reads of a decode step instead of copying the whole cache at every step. Returns the mask
+        [rows, 1, 1, beam * max_length] over the block's keys.
+        """
+        lineage = self.get_variable("cache", "lineage")  # [sources, beam, max_length]
+        sources, beam, max_length = lineage.shape
+        own_rows = jnp.broadcast_to(jnp.arange(beam, dtype=lineage.dtype)[None, :, None], (sources, beam, 1))
+        lineage = lax.dynamic_update_slice(lineage, own_rows, (0, 0, index))  # this step's key/value: its own row
+        self.put_variable("cache", "lineage", lineage)
+        holds = lineage[:, :, None, :] == jnp.arange(beam)[None, None, :, None]  # [sources, beam, beam, max_length]
+        return (holds & filled).reshape(sources * beam, 1, 1, beam * max_length)
