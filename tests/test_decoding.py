@@ -79,7 +79,7 @@ def test_cached_steps_match_teacher_forced_logits(compiled):
         np.testing.assert_allclose(logits, expected[:, t], rtol=1e-5, atol=1e-5, err_msg=f"step {t}")
     for index in range(TINY.num_decoder_layers):  # one self-attention cache per layer, filled to the end
         layer = cache["decoder"][f"layer_{index}"]["self_attention"]
-        assert layer["cached_key"].shape == (2, TINY.num_heads, 1, 6, TINY.head_dim)  # [batch, heads, 1, len, d]
+        assert layer["cached_key"].shape == (2, TINY.num_heads, 6, TINY.head_dim)  # [batch, heads, length, d]
         assert int(layer["cache_index"]) == 6
 
 
@@ -104,7 +104,7 @@ def test_cross_attention_keys_values_are_computed_once_per_source(tiny, compiled
         layer_params = params["decoder"][f"layer_{index}"]["cross_attention"]
         layer_cache = cache["decoder"][f"layer_{index}"]["cross_attention"]
         for name in ("key", "value"):
-            projected = jnp.einsum("bsd,dhk->bshk", encoded, layer_params[name]["kernel"])
+            projected = jnp.einsum("bsd,dhk->bhsk", encoded, layer_params[name]["kernel"])  # heads-major
             np.testing.assert_allclose(layer_cache[f"memory_{name}"], projected, rtol=1e-5, atol=1e-5)
 
     step = transformer_step_fn(model, params, encoded, SOURCES)
@@ -161,7 +161,7 @@ def test_cache_is_sharded_along_the_batch_like_the_activations(compiled):
     cache = compiled["cache"]
     shardings = parallel.decode_cache_shardings(cache, mesh)
     layer = shardings["decoder"]["layer_0"]
-    assert layer["self_attention"]["cached_key"].spec == PartitionSpec(("data", "fsdp"), None, None, None, None)
+    assert layer["self_attention"]["cached_key"].spec == PartitionSpec(("data", "fsdp"), None, None, None)
     assert layer["cross_attention"]["memory_key"].spec == PartitionSpec(("data", "fsdp"), None, None, None)
     assert layer["self_attention"]["cache_index"].spec == PartitionSpec()
     assert shardings["decoder"]["position"].spec == PartitionSpec()

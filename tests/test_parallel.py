@@ -123,9 +123,9 @@ def test_parameter_specs_follow_the_rules(layouts):
 
 def test_decode_cache_is_split_along_batch(layouts):
     cache = layouts["tensor2_data4"]["decode_cache"]
-    assert cache["cached_key"]["spec"] == "P(('data', 'fsdp'), 'tensor', None, None, None)"
-    batch, heads, block, length, head_dim = cache["cached_key"]["shape"]
-    assert cache["cached_key"]["shard_shape"] == [batch // 4, heads // 2, block, length, head_dim]
+    assert cache["cached_key"]["spec"] == "P(('data', 'fsdp'), 'tensor', None, None)"
+    batch, heads, length, head_dim = cache["cached_key"]["shape"]
+    assert cache["cached_key"]["shard_shape"] == [batch // 4, heads // 2, length, head_dim]
     assert cache["memory_key"]["shard_shape"][0] == batch // 4
     assert cache["cache_index"]["spec"] == "P()"
     assert layouts["fsdp4_data2"]["decode_cache"]["cached_key"]["shard_shape"][0] == batch // 8

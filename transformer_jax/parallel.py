@@ -206,27 +206,26 @@ def check_model_fits_mesh(model_cfg: Any, mesh: Mesh, rules: Rules = DEFAULT_RUL
         )
 
 
-# Decode cache leaves (layers/attention.py, model.py): cross-attention keys/values [batch, length, heads, head_dim],
-# self-attention blocks [batch, heads, block, length, head_dim]; the cache index and decoder position are scalars.
-CACHE_KV_AXES = ("batch", "length", "heads", "kv")
-CACHE_BLOCK_AXES = ("batch", "heads", None, "length", "kv")
+# Decode cache leaves (decoding/cache.py): keys/values heads-major [batch, heads, length, head_dim]; the cache index
+# and decoder position are scalars.
+CACHE_KV_AXES = ("batch", "heads", "length", "kv")
 
 
 def decode_cache_shardings(cache: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Any:
     """NamedShardings for a decode cache (arrays or ShapeDtypeStructs), derived from the rules like the training
     shardings: split along 'batch' (data x fsdp), scalars (cache index, position) replicated.
 
-    Keys/values [batch, length, heads, head_dim] take ('batch', 'length', 'heads', 'kv') and self-attention blocks
-    [batch, heads, block, length, head_dim] the same names, so under the tensor rules their heads are split too,
-    matching the Q/K/V projections; other arrays split dimension 0 along 'batch'. A dimension that its mesh axes
-    do not divide (e.g. a decode batch smaller than data x fsdp) is replicated instead, as in decoding/cache.py.
+    Keys/values [batch, heads, length, head_dim] take ('batch', 'heads', 'length', 'kv'), so under the tensor rules
+    their heads are split too, matching the Q/K/V projections; other arrays split dimension 0 along 'batch'. A
+    dimension that its mesh axes do not divide (e.g. a decode batch smaller than data x fsdp) is replicated
+    instead, as in decoding/cache.py.
     """
 
     def sharding(leaf):
         shape = tuple(leaf.shape)
         if not shape:
             return replicated(mesh)
-        axes = {4: CACHE_KV_AXES, 5: CACHE_BLOCK_AXES}.get(len(shape), ("batch",) + (None,) * (len(shape) - 1))
+        axes = CACHE_KV_AXES if len(shape) == 4 else ("batch",) + (None,) * (len(shape) - 1)
         spec = []
         for size, entry in zip(shape, nn.logical_to_mesh_axes(axes, rules)):
             names = mesh_axis_names(entry)

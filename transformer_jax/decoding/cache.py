@@ -1,12 +1,14 @@
 """The decode cache of a Transformer as a pytree: creating it, stepping with it, reordering and sharding it.
 
 Layout (Flax 'cache' collection, one subtree per decoder layer `decoder/layer_i`):
-  self_attention/cached_key, cached_value   [batch, heads, 1, max_decode_len, head_dim]  one step per call
-                                            [sources, heads, beam, max_decode_len, head_dim]  made with_lineage
-  self_attention/cache_index                []                                                next write position
-  self_attention/lineage                    [sources, beam, max_decode_len] int32   beam search only (with_lineage)
-  cross_attention/memory_key, memory_value  [sources, src_len, heads, head_dim]     computed once per source
-  decoder/position                          []                                      next target position
+  self_attention/cached_key, cached_value   [batch, heads, max_decode_len, head_dim]  one position per step
+                          with_lineage:     [sources, heads, max_decode_len * beam, head_dim]
+  self_attention/cache_index                []                                        next write position
+  self_attention/lineage                    [sources, beam, max_decode_len] int32     with_lineage only
+  cross_attention/memory_key, memory_value  [sources, heads, src_len, head_dim]       computed once per source
+  decoder/position                          []                                        next target position
+
+Keys/values are heads-major, so a decode step reads them with batched dots as stored (layers/attention.py).
 
 A step function `step_fn(tokens [n], cache) -> (logits [n, vocab] float32, cache)` is what the searches
 in greedy.py and beam.py consume; they never look inside the model.
@@ -125,9 +127,9 @@ def gather_beams(x: jnp.ndarray, indices: jnp.ndarray, *, one_hot: bool = False)
 
 def with_lineage(cache: Cache, beam_size: int) -> Cache:
     """A fresh beam cache whose self-attention keys/values are never moved: each self-attention layer gets one
-    block [sources, heads, beam, max_decode_len, head_dim] per source and a `lineage` [sources, beam,
-    max_decode_len] (which row of its source's block holds each position of the hypothesis in row j), and
-    reorder_cache moves that small table instead of the keys and values.
+    block [sources, heads, max_decode_len * beam, head_dim] per source (position t of block row k at t * beam + k)
+    and a `lineage` [sources, beam, max_decode_len] (which row of its source's block holds each position of the
+    hypothesis in row j), and reorder_cache moves that small table instead of the keys and values.
 
     Per step, reordering the keys/values costs a copy of the whole cache (the [100 * 4, 66, 128] float32 keys and
     values of 4 layers: 108 MB), the lineage a beam-times wider attention read; layers.attention does the rest.
@@ -138,10 +140,10 @@ def with_lineage(cache: Cache, beam_size: int) -> Cache:
             return subtree
         subtree = {name: add(child) for name, child in subtree.items()}
         if "cached_key" in subtree:
-            rows, heads, _, max_decode_len, head_dim = subtree["cached_key"].shape
+            rows, heads, max_decode_len, head_dim = subtree["cached_key"].shape
             sources = rows // beam_size
-            for name in SELF_LEAVES:  # still empty: a fresh block [sources, heads, beam, max_decode_len, head_dim]
-                block = (sources, heads, beam_size, max_decode_len, head_dim)
+            for name in SELF_LEAVES:  # still empty: a fresh block [sources, heads, max_decode_len * beam, head_dim]
+                block = (sources, heads, max_decode_len * beam_size, head_dim)
                 subtree[name] = jnp.zeros(block, subtree[name].dtype)
             subtree[LINEAGE] = jnp.zeros((sources, beam_size, max_decode_len), jnp.int32)
         return subtree

@@ -13,35 +13,50 @@ from transformer_jax.layers.linear import dense_dot_general
 from transformer_jax.layers.masks import combine_masks
 
 
-def attention_weights(query: jnp.ndarray, key: jnp.ndarray, mask: jnp.ndarray | None = None) -> jnp.ndarray:
-    """softmax(Q K^T / sqrt(d_k)) in float32, masked before the softmax.
-
-    query: [batch, q_len, heads, head_dim]; key: [batch, kv_len, heads, head_dim], or [batch / g, kv_len, ...]
-    shared by g consecutive query rows (the hypotheses of one source in beam search, so the encoder's keys are
-    stored once per source), or a decode cache block [batch / g, heads, block, length, head_dim] read by g
-    consecutive query rows at one decode step (q_len 1, kv_len = block * length; MultiHeadAttention._append_to_cache);
-    mask: boolean, broadcastable to [batch, heads, q_len, kv_len], True = may attend.
-    Returns [batch, heads, q_len, kv_len]; a row with no allowed key is all zeros (never NaN).
-    """
-    head_dim = query.shape[-1]
-    if key.ndim == 5:  # a decode cache block: one step, each query row against every row of its block
-        groups, heads, block, length, _ = key.shape
-        key = key.reshape(groups, heads, block * length, head_dim)  # free: the block is contiguous per head
-        grouped = query[:, 0].reshape(groups, -1, heads, head_dim)  # [groups, g, heads, head_dim]
-        scores = jnp.einsum("sghd,shkd->sghk", grouped, key, preferred_element_type=jnp.float32)
-        scores = scores.reshape(query.shape[0], heads, 1, block * length)  # [rows, heads, 1, kv_len]
-    elif key.shape[0] == query.shape[0]:
-        scores = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32)
-    else:
-        grouped = query.reshape((key.shape[0], -1) + query.shape[1:])  # [sources, g, q_len, heads, head_dim]
-        scores = jnp.einsum("bgqhd,bkhd->bghqk", grouped, key, preferred_element_type=jnp.float32)
-        scores = scores.reshape((query.shape[0],) + scores.shape[2:])
-    scores = scores / jnp.sqrt(jnp.float32(head_dim))  # [batch, heads, q_len, kv_len]
+def _masked_softmax(scores: jnp.ndarray, mask: jnp.ndarray | None) -> jnp.ndarray:
+    """Softmax over the last axis of float32 scores; masked entries get weight 0, a fully masked row all zeros."""
     if mask is None:
         return jax.nn.softmax(scores, axis=-1)
     scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(scores, axis=-1)
     return jnp.where(mask, weights, 0.0)  # fully masked rows: uniform over nothing -> zeros
+
+
+def attention_weights(query: jnp.ndarray, key: jnp.ndarray, mask: jnp.ndarray | None = None) -> jnp.ndarray:
+    """softmax(Q K^T / sqrt(d_k)) in float32, masked before the softmax.
+
+    query: [batch, q_len, heads, head_dim]; key: [batch, kv_len, heads, head_dim];
+    mask: boolean, broadcastable to [batch, heads, q_len, kv_len], True = may attend.
+    Returns [batch, heads, q_len, kv_len]; a row with no allowed key is all zeros (never NaN).
+    """
+    scores = jnp.einsum("bqhd,bkhd->bhqk", query, key, preferred_element_type=jnp.float32)
+    return _masked_softmax(scores / jnp.sqrt(jnp.float32(query.shape[-1])), mask)
+
+
+def cached_attention_weights(query: jnp.ndarray, key: jnp.ndarray, mask: jnp.ndarray | None = None) -> jnp.ndarray:
+    """attention_weights against a decode cache in heads-major order.
+
+    query: [rows, q_len, heads, head_dim] (q_len 1 at a decode step); key: [groups, heads, kv_len, head_dim], read
+    by g = rows / groups consecutive query rows (g > 1: the hypotheses of one source in beam search share its
+    encoder keys and its block of self-attention keys, decoding/cache.py). Heads-major keys make a decode step one
+    batched dot over the cache as stored. mask: broadcastable to [rows, heads, q_len, kv_len].
+    Returns [rows, heads, q_len, kv_len].
+    """
+    groups, heads, kv_len, head_dim = key.shape
+    grouped = query.reshape((groups, -1) + query.shape[1:])  # [groups, g, q_len, heads, head_dim]
+    scores = jnp.einsum("sgqhd,shkd->sghqk", grouped, key, preferred_element_type=jnp.float32)
+    scores = scores.reshape(query.shape[0], heads, query.shape[1], kv_len)  # [rows, heads, q_len, kv_len]
+    return _masked_softmax(scores / jnp.sqrt(jnp.float32(head_dim)), mask)
+
+
+def _attention_dropout(weights, dropout_rate, dropout_rng, deterministic):
+    """Dropout on the attention weights (not in the paper; off by default)."""
+    if deterministic or dropout_rate == 0.0:
+        return weights
+    if dropout_rng is None:
+        raise ValueError("attention dropout needs dropout_rng (or deterministic=True).")
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+    return jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
 
 
 def read_values(
@@ -54,25 +69,19 @@ def read_values(
 ) -> jnp.ndarray:
     """Weighted sum of values, with optional dropout on the weights (not in the paper; off by default).
 
-    weights: [batch, heads, q_len, kv_len]; value: [batch, kv_len, heads, head_dim] (or shared by groups of rows,
-    or a decode cache block, as in `attention_weights`) -> [batch, q_len, heads, head_dim].
+    weights: [batch, heads, q_len, kv_len]; value: [batch, kv_len, heads, head_dim] -> [batch, q_len, heads, head_dim].
     """
-    if not deterministic and dropout_rate > 0.0:
-        if dropout_rng is None:
-            raise ValueError("attention dropout needs dropout_rng (or deterministic=True).")
-        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
-        weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
-    weights = weights.astype(value.dtype)
-    if value.ndim == 5:  # a decode cache block (see attention_weights)
-        groups, heads, block, length, head_dim = value.shape
-        value = value.reshape(groups, heads, block * length, head_dim)
-        grouped = weights.reshape(groups, -1, heads, block * length)  # [groups, g, heads, kv_len] (q_len 1)
-        out = jnp.einsum("sghk,shkd->sghd", grouped, value)  # [groups, g, heads, head_dim]
-        return out.reshape(weights.shape[0], 1, heads, head_dim)
-    if value.shape[0] == weights.shape[0]:
-        return jnp.einsum("bhqk,bkhd->bqhd", weights, value)
-    grouped = weights.reshape((value.shape[0], -1) + weights.shape[1:])  # [sources, g, heads, q_len, kv_len]
-    out = jnp.einsum("bghqk,bkhd->bgqhd", grouped, value)
+    weights = _attention_dropout(weights, dropout_rate, dropout_rng, deterministic).astype(value.dtype)
+    return jnp.einsum("bhqk,bkhd->bqhd", weights, value)
+
+
+def read_cached_values(weights: jnp.ndarray, value: jnp.ndarray) -> jnp.ndarray:
+    """read_values against a decode cache: weights [rows, heads, q_len, kv_len] from cached_attention_weights,
+    value [groups, heads, kv_len, head_dim] (heads-major, shared by rows / groups consecutive rows)
+    -> [rows, q_len, heads, head_dim]."""
+    groups, heads, kv_len, head_dim = value.shape
+    grouped = weights.astype(value.dtype).reshape((groups, -1) + weights.shape[1:])  # [groups, g, heads, q, kv]
+    out = jnp.einsum("sghqk,shkd->sgqhd", grouped, value)  # [groups, g, q_len, heads, head_dim]
     return out.reshape((weights.shape[0],) + out.shape[2:])
 
 
@@ -134,28 +143,30 @@ class MultiHeadAttention(nn.Module):
         decode: bool = False,
     ) -> jnp.ndarray:
         cfg = self.config
-        is_self_attention = inputs_kv is None
         query = self._projection("query")(inputs_q)  # [batch, q_len, heads, head_dim]
-        if decode and inputs_kv is not None:  # cross-attention
-            key, value = self._cached_memory(inputs_kv)
+        if decode:  # keys/values from the cache, heads-major [groups, heads, kv_len, head_dim]; no dropout
+            if inputs_kv is None:
+                key, value, mask = self._append_to_cache(inputs_q, mask)
+            else:
+                key, value = self._cached_memory(inputs_kv)
+            weights = cached_attention_weights(query, key, mask)  # [batch, heads, q_len, kv_len]
+            attended = read_cached_values(weights, value)  # [batch, q_len, heads, head_dim]
         else:
-            source = inputs_q if is_self_attention else inputs_kv
+            source = inputs_q if inputs_kv is None else inputs_kv
             key = self._projection("key")(source)  # [batch, kv_len, heads, head_dim]
             value = self._projection("value")(source)
-            if decode:
-                key, value, mask = self._append_to_cache(key, value, mask)
-        dropout_rng = None
-        if not deterministic and cfg.attention_dropout_rate > 0.0:
-            dropout_rng = self.make_rng("dropout")
-        weights = attention_weights(query, key, mask)  # [batch, heads, q_len, kv_len]
+            dropout_rng = None
+            if not deterministic and cfg.attention_dropout_rate > 0.0:
+                dropout_rng = self.make_rng("dropout")
+            weights = attention_weights(query, key, mask)  # [batch, heads, q_len, kv_len]
+            attended = read_values(
+                weights,
+                value,
+                dropout_rate=cfg.attention_dropout_rate,
+                dropout_rng=dropout_rng,
+                deterministic=deterministic,
+            )  # [batch, q_len, heads, head_dim]
         self.sow("intermediates", "attention_weights", weights)  # for attention maps (visualize.py)
-        attended = read_values(
-            weights,
-            value,
-            dropout_rate=cfg.attention_dropout_rate,
-            dropout_rng=dropout_rng,
-            deterministic=deterministic,
-        )  # [batch, q_len, heads, head_dim]
         return nn.DenseGeneral(
             features=cfg.d_model,
             axis=(-2, -1),
@@ -169,46 +180,50 @@ class MultiHeadAttention(nn.Module):
         )(attended)  # [batch, q_len, d_model]
 
     def _cached_memory(self, memory: jnp.ndarray):
-        """Cross-attention keys/values of the encoder output, projected on the first call only."""
-        if self.has_variable("cache", "memory_key"):
-            return self.get_variable("cache", "memory_key"), self.get_variable("cache", "memory_value")
-        key = self._projection("key")(memory)  # [batch, src_len, heads, head_dim]
-        value = self._projection("value")(memory)
-        self.put_variable("cache", "memory_key", key)
-        self.put_variable("cache", "memory_value", value)
-        return key, value
+        """Cross-attention keys/values of the encoder output [sources, heads, src_len, head_dim], projected on the
+        first call only."""
+        if not self.has_variable("cache", "memory_key"):
+            for name in ("key", "value"):
+                projected = self._projection(name)(memory)  # [sources, src_len, heads, head_dim]
+                self.put_variable("cache", f"memory_{name}", jnp.swapaxes(projected, 1, 2))
+        return self.get_variable("cache", "memory_key"), self.get_variable("cache", "memory_value")
 
-    def _append_to_cache(self, key, value, mask):
-        """Self-attention decode step: write this step's key/value at the cache index.
+    def _append_to_cache(self, inputs, mask):
+        """Self-attention decode step: project this step's key/value, write them at the cache index and return
+        the cache [groups, heads, max_length * block, head_dim] with the mask over it.
 
-        The cache is a block [groups, heads, block, max_length, head_dim] read by `block` consecutive query rows
-        per group: block 1 (one row per sequence) unless decoding/cache.with_lineage made it a beam search block.
-        Heads-major, so the step's attention is two batched dots over the cache as stored (no per-step copy).
-        The first call (cache initialisation) sees the full-length target and only sizes the cache.
+        Each group's `block` consecutive query rows share one block of keys, position-major (the key of position t
+        written by row k of the block sits at t * block + k): block 1 (one row per sequence) unless
+        decoding/cache.with_lineage made it a beam search block. The first call (cache initialisation) sees the
+        full-length target and only sizes the cache; its output is not meaningful.
         """
-        is_initialized = self.has_variable("cache", "cached_key")
-        rows, max_length, heads, head_dim = key.shape
-        block_shape = (rows, heads, 1, max_length, head_dim)  # [groups, heads, block, max_length, head_dim]
-        cached_key = self.variable("cache", "cached_key", jnp.zeros, block_shape, key.dtype)
-        cached_value = self.variable("cache", "cached_value", jnp.zeros, block_shape, value.dtype)
-        cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, dtype=jnp.int32))
-        if not is_initialized:
+        key = self._projection("key")(inputs)  # [rows, q_len, heads, head_dim]
+        value = self._projection("value")(inputs)
+        key, value = jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)  # [rows, heads, q_len, head_dim]
+        if not self.has_variable("cache", "cached_key"):
+            self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+            self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+            self.variable("cache", "cache_index", lambda: jnp.array(0, dtype=jnp.int32))
             return key, value, mask
-        groups, _, block, max_length, _ = cached_key.value.shape
+        cached_key, cached_value = self.variable("cache", "cached_key"), self.variable("cache", "cached_value")
+        cache_index = self.variable("cache", "cache_index")
+        groups, heads, _, head_dim = cached_key.value.shape
+        block = self.get_variable("cache", "lineage").shape[1] if self.has_variable("cache", "lineage") else 1
         index = cache_index.value
 
-        def write(cache, new):  # new: [rows, 1, heads, head_dim] -> [groups, heads, block, 1, head_dim] at index
-            new = jnp.swapaxes(new[:, 0].reshape(groups, block, heads, head_dim), 1, 2)[:, :, :, None]
-            return lax.dynamic_update_slice(cache, new.astype(cache.dtype), (0, 0, 0, index, 0))
+        def write(cache, new):  # new: [rows, heads, 1, head_dim] -> positions index * block ... + block - 1
+            new = jnp.swapaxes(new[:, :, 0].reshape(groups, block, heads, head_dim), 1, 2)  # [groups, heads, block, d]
+            return lax.dynamic_update_slice(cache, new.astype(cache.dtype), (0, 0, index * block, 0))
 
         cached_key.value = write(cached_key.value, key)
         cached_value.value = write(cached_value.value, value)
         cache_index.value = index + 1
+        max_length = cached_key.value.shape[2] // block
         filled = jnp.arange(max_length) <= index  # [max_length]
-        if not self.has_variable("cache", "lineage"):
+        if block == 1:
             return cached_key.value, cached_value.value, combine_masks(mask, filled[None, None, None, :])
-        if mask is not None:  # a mask over positions applies in whichever row of the block the position is
-            mask = jnp.tile(mask, (1,) * (mask.ndim - 1) + (block,))
+        if mask is not None:  # a mask over positions applies in whichever row of the block holds the position
+            mask = jnp.repeat(mask, block, axis=-1)
         return cached_key.value, cached_value.value, combine_masks(mask, self._lineage_mask(filled, index))
 
     def _lineage_mask(self, filled, index):
@@ -218,12 +233,12 @@ class MultiHeadAttention(nn.Module):
         now in row j of a source's block of `beam` rows, which row of the block holds its position s. Each
         hypothesis reads all keys of its block, masked to its own positions: beam times the (small) attention
         reads of a decode step instead of copying the whole cache at every step. Returns the mask
-        [rows, 1, 1, beam * max_length] over the block's keys.
+        [rows, 1, 1, max_length * beam] over the block's keys (position-major, as _append_to_cache stores them).
         """
         lineage = self.get_variable("cache", "lineage")  # [sources, beam, max_length]
         sources, beam, max_length = lineage.shape
         own_rows = jnp.broadcast_to(jnp.arange(beam, dtype=lineage.dtype)[None, :, None], (sources, beam, 1))
         lineage = lax.dynamic_update_slice(lineage, own_rows, (0, 0, index))  # this step's key/value: its own row
         self.put_variable("cache", "lineage", lineage)
-        holds = lineage[:, :, None, :] == jnp.arange(beam)[None, None, :, None]  # [sources, beam, beam, max_length]
-        return (holds & filled).reshape(sources * beam, 1, 1, beam * max_length)
+        holds = lineage[:, :, :, None] == jnp.arange(beam)  # [sources, beam (row j), max_length, beam (row k)]
+        return (holds & filled[:, None]).reshape(sources * beam, 1, 1, max_length * beam)
