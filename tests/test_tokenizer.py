@@ -89,3 +89,19 @@ def test_balanced_sample(corpus):
 def test_too_large_vocabulary_says_the_maximum():
     with pytest.raises(ValueError, match=r"vocab_size=5000 is too large .* at most \d+ pieces"):
         train_tokenizer(["ein kleiner Hund", "a small dog"] * 5, 5000)
+
+
+def test_case_folding_normalization_lowercases_what_it_reads_and_is_kept_with_the_model(trained, corpus, tmp_path):
+    _, cased = trained
+    assert cased.normalization == "nmt_nfkc" and cased.decode(cased.encode("Der Hund")) == "Der Hund"
+    folded = load_or_train_tokenizer(
+        tmp_path, corpus["train"], VOCAB_SIZE, max_sentences=4000, normalization="nmt_nfkc_cf"
+    )
+    assert folded.normalization == "nmt_nfkc_cf"
+    for english, german in corpus["validation"][:50]:
+        assert folded.decode(folded.encode(german)) == german.lower()
+        assert folded.encode(english.upper()) == folded.encode(english.lower())
+    with pytest.raises(ValueError, match="normalization 'nmt_nfkc_cf'.*tokenizer_normalization=nmt_nfkc_cf"):
+        load_or_train_tokenizer(tmp_path, [], VOCAB_SIZE)
+    with pytest.raises(ValueError, match="normalization must be one of"):
+        train_tokenizer(["a b c"], 10, normalization="lowercase")

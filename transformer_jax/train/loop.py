@@ -546,8 +546,8 @@ class Loop:
         }
         self.log.log(kind, update, dict(values, method=method))
         self.log.message(
-            f"update {update}: validation {method} BLEU {scores.bleu:.2f}, chrF {scores.chrf:.2f} "
-            f"({scores.sentences} sentences)"
+            f"update {update}: validation {method} BLEU {scores.bleu:.2f} (lowercased {scores.bleu_lowercase:.2f}), "
+            f"chrF {scores.chrf:.2f} ({scores.sentences} sentences)"
         )
         self.summary[kind] = values
 
