@@ -10,6 +10,9 @@ defaults, `create_train_state`, `make_train_step` (label smoothing 0.1, dropout 
 (converted exactly), `CrossEntropyLoss(label_smoothing=0.1, ignore_index=pad)` and `torch.optim.Adam` with
 the same schedule. Both get the same int32 batch (random ids, no padding, as the data pipeline lays it out:
 inputs, decoder_inputs = bos + shifted targets, targets), take turns and never overlap; both use --threads.
+Each shape is timed in --rounds rounds of --steps steps, JAX and torch alternating, and the median kept: the
+virtual machines this runs on drift in speed by up to ~10% within minutes, and alternating makes both
+frameworks see the same drift (the table shows the per-round ratios' range).
 
 Besides tokens/s (source + target tokens per second) each row gives the step's model GFLOP/s (3 x the
 analytic forward FLOPs of `accounting.forward_flops`, i.e. forward + backward) and that rate as a fraction
@@ -24,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -56,7 +60,10 @@ SHAPES = {
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, from {list(SHAPES)}")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps after two warm-up steps")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per round, after two warm-up steps")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds of --steps steps, JAX and torch taking turns (median kept)"
+    )
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for both frameworks")
     parser.add_argument("--dropout", type=float, default=0.1, help="dropout_rate of the model (§5.4)")
     parser.add_argument(
@@ -80,14 +87,29 @@ def set_threads(threads: int) -> None:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
-def timed(fn, steps: int) -> float:
-    """Seconds per call of fn() after two warm-up calls (fn blocks until its result is ready)."""
-    fn()
-    fn()
+def timed(fn, steps: int, warmup: int = 2) -> float:
+    """Seconds per call of fn() over `steps` calls, after `warmup` calls (fn blocks until its result is ready)."""
+    for _ in range(warmup):
+        fn()
     start = time.perf_counter()
     for _ in range(steps):
         fn()
     return (time.perf_counter() - start) / steps
+
+
+def interleaved(steps_by_framework: dict, steps: int, rounds: int) -> tuple[dict, list[float]]:
+    """Median seconds per step of each framework, timed in turns: `rounds` rounds of `steps` steps each, the
+    frameworks one after the other within a round, so a drift in the machine's speed hits all of them alike.
+    Also returns each round's torch-eager / JAX ratio (its spread shows how steady the machine was)."""
+    for fn in steps_by_framework.values():  # two warm-up steps each
+        fn()
+        fn()
+    per_round = {name: [] for name in steps_by_framework}
+    for _ in range(rounds):
+        for name, fn in steps_by_framework.items():
+            per_round[name].append(timed(fn, steps, warmup=0))
+    ratios = [t / j for t, j in zip(per_round["torch_eager"], per_round["jax"], strict=True)]
+    return {name: statistics.median(times) for name, times in per_round.items()}, ratios
 
 
 def main(argv=None) -> dict:
@@ -120,7 +142,8 @@ def main(argv=None) -> dict:
             "torch": 2 * n**3 / timed(lambda: t @ t, 10) / 1e9,
         }
 
-    def jax_step_seconds(cfg, batch) -> tuple[float, float]:
+    def jax_step(cfg, batch) -> tuple:
+        """The library's train step as a blocking callable, and the seconds of its first call (compiling)."""
         library_step = LibraryStep(cfg, mesh, args.dropout_prng)
 
         def one():
@@ -128,10 +151,10 @@ def main(argv=None) -> dict:
 
         start = time.perf_counter()
         one()
-        first = time.perf_counter() - start
-        return timed(one, args.steps), first
+        return one, time.perf_counter() - start
 
-    def torch_step_seconds(cfg, params, batch, autocast: bool, compiled: bool) -> float:
+    def torch_step(cfg, params, batch, autocast: bool, compiled: bool):
+        """The same step in torch (eager or compiled) as a callable."""
         model = interop.TorchTransformer(cfg)
         model.load_state_dict(interop.flax_to_torch_state_dict(params, cfg))
         model.train()
@@ -158,7 +181,7 @@ def main(argv=None) -> dict:
             schedule.step()
             loss.item()
 
-        return timed(one, args.steps)
+        return one
 
     report = {
         "threads": args.threads,
@@ -172,6 +195,7 @@ def main(argv=None) -> dict:
         "dropout_rate": args.dropout,
         "dropout_prng": args.dropout_prng or train_cfg.dropout_prng,
         "steps": args.steps,
+        "rounds": args.rounds,
     }
     report["matmul_gflops"] = matmul_gflops()
     report["results"] = []
@@ -192,16 +216,20 @@ def main(argv=None) -> dict:
                 "tokens_per_step": tokens,
                 "train_gflop_per_step": flops / 1e9,
             }
-            jax_s, first = jax_step_seconds(cfg, batch)
+            jax_one, first = jax_step(cfg, batch)
             params = jax.device_get(
                 create_train_state(cfg, make_optimizer(optimizer_cfg, cfg.d_model)[0], 0, mesh)[0].params
             )
-            runs = {"jax": jax_s, "torch_eager": torch_step_seconds(cfg, params, batch, dtype == "bfloat16", False)}
+            steps = {"jax": jax_one, "torch_eager": torch_step(cfg, params, batch, dtype == "bfloat16", False)}
             if args.compile:
                 try:
-                    runs["torch_compile"] = torch_step_seconds(cfg, params, batch, dtype == "bfloat16", True)
+                    compiled = torch_step(cfg, params, batch, dtype == "bfloat16", True)
+                    compiled()  # compiles here, so a failure is caught here
+                    steps["torch_compile"] = compiled
                 except Exception as error:  # noqa: BLE001 - torch.compile needs a C++ toolchain; record why
                     row["torch_compile_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+            runs, ratios = interleaved(steps, args.steps, args.rounds)
+            row["jax_over_torch_eager_per_round"] = ratios
             for framework, seconds in runs.items():
                 ceiling = report["matmul_gflops"]["jax" if framework == "jax" else "torch"]
                 row[framework] = {
@@ -240,13 +268,14 @@ def print_table(report: dict) -> None:
     )
     print(
         f"{'shape':<6} {'dtype':<9} {'batch':>8} {'JAX tok/s':>10} {'torch tok/s':>11} {'JAX/torch':>9} "
-        f"{'JAX GFLOP/s':>11} {'of matmul':>9} {'torch GFLOP/s':>13} {'compile tok/s':>13}"
+        f"{'rounds':>11} {'JAX GFLOP/s':>11} {'of matmul':>9} {'torch GFLOP/s':>13} {'compile tok/s':>13}"
     )
     for r in report["results"]:
         compiled = f"{r['torch_compile']['tokens_per_s']:,.0f}" if "torch_compile" in r else "-"
         print(
             f"{r['shape']:<6} {r['dtype']:<9} {r['rows']:>4}x{r['length']:<3} {r['jax']['tokens_per_s']:>10,.0f} "
             f"{r['torch_eager']['tokens_per_s']:>11,.0f} {r['jax_over_torch_eager']:>9.2f} "
+            f"{min(r['jax_over_torch_eager_per_round']):>5.2f}-{max(r['jax_over_torch_eager_per_round']):<5.2f} "
             f"{r['jax']['gflops']:>11.0f} {r['jax']['of_matmul']:>9.0%} {r['torch_eager']['gflops']:>13.0f} "
             f"{compiled:>13}"
         )
