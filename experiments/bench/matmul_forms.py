@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from jax_vs_torch import set_threads, timed  # noqa: E402 - this directory; imports no jax
+from jax_vs_torch import set_threads, timed  # this directory; imports no jax
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "matmul_forms.json"
 
@@ -33,6 +33,11 @@ SHAPES = {
     "m30k vocab": (4096, 256, 8000),
 }
 FORMS = ("NN x@W", "NT g@W^T", "TN x^T@g")
+
+
+def operands(form: str, x, w, g):
+    """The two factors of `form` from x [M, K], W [K, N] and g [M, N] (jax or torch arrays alike)."""
+    return {"NN x@W": (x, w), "NT g@W^T": (g, w.T), "TN x^T@g": (x.T, g)}[form]
 
 
 def parse_args(argv=None):
@@ -57,13 +62,12 @@ def main(argv=None) -> dict:
 
     def jax_form(form: str):
         def product(x, w, g):
-            a, b = {"NN x@W": (x, w), "NT g@W^T": (g, w.T), "TN x^T@g": (x.T, g)}[form]
-            return jnp.matmul(a, b, preferred_element_type=jnp.float32)
+            return jnp.matmul(*operands(form, x, w, g), preferred_element_type=jnp.float32)
 
         return jax.jit(product)
 
     def torch_form(form: str, x, w, g):
-        a, b = {"NN x@W": (x, w), "NT g@W^T": (g, w.T), "TN x^T@g": (x.T, g)}[form]
+        a, b = operands(form, x, w, g)
         return lambda: a @ b
 
     load_at_start = os.getloadavg()
