@@ -24,7 +24,6 @@ import pytest
 from transformer_jax import parallel
 from transformer_jax.config import tiny
 from transformer_jax.experiment import MeshConfig
-from transformer_jax.train.pmap_step import split_batch
 
 # One subprocess run feeds the whole module: keep it on one xdist worker (pytest -n N --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("parallel_layouts")
@@ -187,12 +186,3 @@ def test_model_must_divide_over_the_mesh():
         parallel.check_model_fits_mesh(tiny(), fake_mesh(tensor=8), parallel.TENSOR_RULES)
     with pytest.raises(ValueError, match="'vocab' \\(size 500\\)"):
         parallel.check_model_fits_mesh(tiny(vocab_size=500), fake_mesh(tensor=8), parallel.TENSOR_RULES)
-
-
-def test_split_batch_for_pmap():
-    batch = {"inputs": np.arange(24).reshape(8, 3)}
-    split = split_batch(batch, 4)
-    assert split["inputs"].shape == (4, 2, 3)
-    np.testing.assert_array_equal(split["inputs"][1], batch["inputs"][2:4])
-    with pytest.raises(ValueError, match="multiple of the device count"):
-        split_batch({"inputs": np.zeros((6, 3))}, 4)

@@ -198,7 +198,7 @@ def test_bad_config_fails_before_any_work(tmp_path, capsys, argv, expected):
 
 
 def test_pmap_mode_gives_the_losses_of_jit_mode(tmp_path):
-    # Dropout off: the two modes draw different masks (train/pmap_step.py); everything else is the same arithmetic.
+    # Dropout off: the per-device step draws its own masks on each device; everything else is the same arithmetic.
     changes = {"model.dropout_rate": 0.0}
     jit_summary = loop.train(small_config(3, **changes), tmp_path / "jit")
     pmap_summary = loop.train(small_config(3, **changes, **{"mesh.mode": "pmap"}), tmp_path / "pmap")
@@ -207,7 +207,7 @@ def test_pmap_mode_gives_the_losses_of_jit_mode(tmp_path):
     for step, loss in jit_losses.items():
         assert pmap_losses[step] == pytest.approx(loss, rel=1e-5), step
     assert pmap_summary["eval"]["loss"] == pytest.approx(jit_summary["eval"]["loss"], rel=1e-5)
-    assert (tmp_path / "pmap" / "checkpoints" / "3").is_dir()  # saved through runner.host_state
+    assert (tmp_path / "pmap" / "checkpoints" / "3").is_dir()
 
 
 def test_validation_bleu_is_logged_and_equals_a_recomputation_with_the_saved_params(tmp_path):

@@ -23,13 +23,14 @@ With nothing set and no cluster detected, `initialize` does nothing (one process
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
+import numpy as np
+from jax.experimental import multihost_utils
 
 from transformer_jax.experiment import DistributedConfig
 
@@ -40,7 +41,6 @@ ENV_NUM_PROCESSES = ("TJ_NUM_PROCESSES",)
 ENV_PROCESS_ID = ("TJ_PROCESS_ID",)
 # Environment variables by which a launcher tells each process that it is one of several.
 CLUSTER_HINTS = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
-_LAUNCH_KEY = "transformer_jax/launch/"
 
 
 class DistributedStartupError(RuntimeError):
@@ -221,14 +221,6 @@ def initialize(section: DistributedConfig | None = None) -> ProcessInfo:
     cfg = resolve_config(section)
     if not _wanted(cfg):
         return _info(False)
-    from jax._src import xla_bridge  # no public query; jax raises a terse error otherwise
-
-    if xla_bridge.backends_are_initialized():
-        raise DistributedStartupError(
-            "transformer_jax.distributed.initialize() must run before any other JAX call (jax.devices(), creating "
-            "an array, jit): JAX has already started its devices in this process as a single process. Call it "
-            "first thing in main()."
-        )
     if cfg.cpu_collectives:
         jax.config.update("jax_cpu_collectives_implementation", cfg.cpu_collectives)
     logger.info("joining the distributed run: %s", _describe(cfg))
@@ -237,7 +229,7 @@ def initialize(section: DistributedConfig | None = None) -> ProcessInfo:
         cfg.initialization_timeout,
         f"the distributed start-up did not complete within initialization_timeout="
         f"{cfg.initialization_timeout}s ({_describe(cfg)}): some of the num_processes processes "
-        f"did not join. " + _HINTS,
+        f"did not join, or were launched with another num_processes than this one's {cfg.num_processes}. " + _HINTS,
     )
     try:
         try:
@@ -267,40 +259,21 @@ def initialize(section: DistributedConfig | None = None) -> ProcessInfo:
 
 
 def _check_agreement(cfg: DistributedConfig) -> str | None:
-    """Every process must agree with process 0 on the process count; JAX itself would wait for missing peers
-    (for minutes) when they disagree. Each process publishes its count, meets the others at a barrier, and
-    compares with process 0's and then everyone's, so every process of a bad launch reports the problem.
-    Returns the problem's description, or None."""
-    from jax._src import distributed as jax_distributed
-
-    client = jax_distributed.global_state.client
-    assert client is not None, "called after jax.distributed.initialize"
-    me = jax_distributed.global_state.process_id
-    count = int(jax_distributed.global_state.num_processes)
-    timeout_ms = max(1, int(cfg.initialization_timeout)) * 1000
-    seen: dict[int, int] = {}
-    try:
-        client.key_value_set(f"{_LAUNCH_KEY}{me}", json.dumps({"num_processes": count}))
-        client.wait_at_barrier("transformer_jax_launch", timeout_ms)
-        for other in range(count):  # process 0 first; every key was written before the barrier
-            seen[other] = json.loads(client.blocking_key_value_get(f"{_LAUNCH_KEY}{other}", 5000))["num_processes"]
-            if seen[other] != count:
-                break
-    except Exception as error:
-        return (
-            f"joined the coordinator but the processes could not compare launch settings ({_describe(cfg)}): "
-            f"{type(error).__name__}: {error}. Launch every process with the same num_processes and distinct "
-            f"process ids 0 .. num_processes-1."
-        )
-    different = {other: n for other, n in seen.items() if n != count}
-    if different:
-        return (
-            f"process {me} was launched with num_processes={count} but process(es) "
-            + ", ".join(f"{other} with num_processes={n}" for other, n in different.items())
-            + "; launch every process with the same num_processes (and distinct process ids 0 .. "
-            "num_processes-1)."
-        )
-    return None
+    """Every process must agree with the others on the process count: JAX takes the coordinator's count, so a
+    process launched with another one would join and then wait for peers that never come. Each process gathers
+    every launch's count (a collective over all processes' devices, under the start-up watchdog: a process that
+    never reaches it ends the others with the watchdog's message) and compares. Returns the problem, or None."""
+    counts = multihost_utils.process_allgather(np.asarray([cfg.num_processes], np.int32)).reshape(-1).tolist()
+    me = jax.process_index()
+    different = {other: n for other, n in enumerate(counts) if n != cfg.num_processes}
+    if not different:
+        return None
+    return (
+        f"process {me} was launched with num_processes={cfg.num_processes} but process(es) "
+        + ", ".join(f"{other} with num_processes={n}" for other, n in different.items())
+        + "; launch every process with the same num_processes (and distinct process ids 0 .. "
+        "num_processes-1)."
+    )
 
 
 def _shutdown_quietly() -> None:

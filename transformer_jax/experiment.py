@@ -228,7 +228,7 @@ class MeshConfig(_Section):
     tensor: int = 1
     # 'auto' shards over every mesh axis of size > 1; the others name a table of parallel.RULE_TABLES.
     rules: Literal["auto", "dp", "fsdp", "tensor", "fsdp_tensor"] = "auto"
-    mode: Literal["jit", "pmap"] = "jit"  # jax.jit over the mesh | replicated data parallelism (train/pmap_step.py)
+    mode: Literal["jit", "pmap"] = "jit"  # jax.jit over the mesh | the step per device (train/step.py)
 
     @property
     def shape(self) -> dict[str, int]:

@@ -169,7 +169,7 @@ def run_layout(name: str, steps: int, batches: list[dict], host_state, optimizer
     result["decode_cache"] = cache_layout(mesh, rules, host_state.params)
     if steps == 0:
         return result, []
-    runner = make_runner(
+    train_step = make_runner(
         mode,
         Transformer(model_cfg),
         tx,
@@ -180,17 +180,16 @@ def run_layout(name: str, steps: int, batches: list[dict], host_state, optimizer
         state_shardings=shardings,
         rules=rules,
     )
-    state = runner.place_state(state)
     times, history, snapshots = [], [], []
     for batch in batches[:steps]:
-        placed = runner.place_batch(batch)
+        placed = parallel.global_batch(batch, mesh, rules)
         start = time.perf_counter()
-        state, metrics = runner.step(state, placed)
+        state, metrics = train_step(state, placed)
         jax.block_until_ready((state, metrics))
         times.append(time.perf_counter() - start)
-        metrics = jax.device_get(runner.metrics(metrics))
+        metrics = jax.device_get(metrics)
         history.append({key: float(value) for key, value in metrics.items()})
-        snapshots.append([np.asarray(x) for x in jax.tree.leaves(jax.device_get(runner.host_state(state).params))])
+        snapshots.append([np.asarray(x) for x in jax.tree.leaves(jax.device_get(state.params))])
     step_s = float(np.mean(times[1:])) if len(times) > 1 else None
     result.update(first_call_s=times[0], step_s=step_s, compile_s=times[0] - (step_s or 0.0), metrics=history)
     return result, snapshots

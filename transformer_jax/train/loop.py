@@ -44,7 +44,7 @@ from transformer_jax.train.progress import (
     plot_curves,
     summarize_train_metrics,
 )
-from transformer_jax.train.runner import StepRunner, make_runner
+from transformer_jax.train.runner import make_runner
 from transformer_jax.train.state import TrainState, state_initializer
 from transformer_jax.train.step import (
     FAST_COMPILE_OPTIONS,
@@ -60,7 +60,7 @@ MAX_IN_FLIGHT = 2  # dispatched steps whose metrics have not been fetched
 
 class _Compiled(NamedTuple):
     init: Callable  # rng -> TrainState on the mesh
-    runner: StepRunner
+    train_step: Callable  # (state, global batch) -> (state, metrics), of the mesh's mode
     eval_step: Callable
     abstract: Any  # the TrainState as ShapeDtypeStructs with shardings (the restore target)
 
@@ -82,7 +82,7 @@ def _compiled_functions(
     model = Transformer(model_cfg)
     options = FAST_COMPILE_OPTIONS if fast_compile else None
     init, shardings, abstract = state_initializer(model_cfg, tx, mesh, rules, accum_steps, options)
-    runner = make_runner(
+    train_step = make_runner(
         mode,
         model,
         tx,
@@ -98,7 +98,7 @@ def _compiled_functions(
     eval_step = jit_eval_step(
         make_eval_step(model, label_smoothing=label_smoothing), shardings.params, mesh, rules, options
     )
-    return _Compiled(init, runner, eval_step, abstract)
+    return _Compiled(init, train_step, eval_step, abstract)
 
 
 def _shared_tokenizer(workdir: Path, source, experiment: Experiment):
@@ -151,7 +151,7 @@ class Run:
     batches: Any  # data.batching.TrainBatches
     valid: list  # validation batches
     valid_pairs: list  # raw validation text pairs (BLEU scores detokenized output against them)
-    state: TrainState  # placed for the runner
+    state: TrainState  # on the mesh
     micro_step: int
     started: float  # time.perf_counter() at the start of `train`
     timings: dict  # seconds of each part of the set-up
@@ -275,7 +275,7 @@ def prepare(experiment: Experiment, workdir: str | Path, started: float | None =
             batches=batches,
             valid=valid,
             valid_pairs=valid_pairs,
-            state=compiled.runner.place_state(state),
+            state=state,
             micro_step=micro_step,
             started=started,
             timings=timings,
@@ -386,10 +386,10 @@ class Loop:
 
     def __init__(self, run: Run, log: ProgressLog, on_update: Callable[[int, dict], None] | None = None):
         self.train_cfg, self.decode_cfg = run.experiment.train, run.experiment.decode
-        self.model_cfg, self.tokenizer, self.runner, self.eval_step = (
+        self.model_cfg, self.tokenizer, self.train_step, self.eval_step = (
             run.model,
             run.tokenizer,
-            run.compiled.runner,
+            run.compiled.train_step,
             run.compiled.eval_step,
         )
         self.checkpointer, self.batches, self.valid, self.valid_pairs = (
@@ -470,7 +470,7 @@ class Loop:
         """Queues one train step on the device (does not wait for it)."""
         batch = next(self.batches)
         tokens = int(np.count_nonzero(batch["inputs"]) + np.count_nonzero(batch["targets"]))
-        self.state, metrics = self.runner.step(self.state, self.runner.place_batch(batch))
+        self.state, metrics = self.train_step(self.state, parallel.global_batch(batch, self.mesh, self.rules))
         self.micro_step += 1
         self.in_flight.append(_InFlight(self.micro_step, metrics, tokens))
 
@@ -481,7 +481,7 @@ class Loop:
     def _finish_oldest(self) -> None:
         """Waits for the oldest dispatched step; accounts its metrics, the progress bar, train rows, on_update."""
         done = self.in_flight.popleft()
-        values = {key: float(value) for key, value in jax.device_get(self.runner.metrics(done.metrics)).items()}
+        values = {key: float(value) for key, value in jax.device_get(done.metrics).items()}
         self.window.append(values)
         self.update_metrics.append(values)
         self.window_tokens += done.tokens
@@ -552,12 +552,12 @@ class Loop:
         self.summary[kind] = values
 
     def _params(self):
-        return self.runner.host_state(self.state).params
+        return self.state.params
 
     def _save(self, update: int, wait: bool = False) -> None:
         self.checkpointer.save(
             update,
-            self.runner.host_state(self.state),
+            self.state,
             {"batches": self.batches.state(), "micro_step": self.micro_step},
             wait=wait,
         )

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from jax.extend import random as jax_random_ext
-from jax.sharding import Mesh
+from jax.sharding import Mesh, PartitionSpec
 
 from transformer_jax import parallel
 from transformer_jax.experiment import DROPOUT_PRNGS
@@ -93,13 +93,14 @@ def make_train_step(
     *,
     label_smoothing: float,
     accum_steps: int = 1,
-    axis_name: str | None = None,
+    axis_name: str | tuple[str, ...] | None = None,
     dropout_prng: str = "rbg_threefry",
 ) -> Callable:
     """The pure (unjitted) train step; see the module docstring.
 
-    axis_name: run under `jax.pmap(axis_name=...)` (train/pmap_step.py): each device draws its own dropout
-    masks, and the gradient sums and token counts are `psum`med, so the update is the global-batch mean.
+    axis_name: the mesh axes of the batch when run per device (`jit_per_device_train_step`): each device draws
+    its own dropout masks, and the gradient sums and token counts are `psum`med, so the update is the
+    global-batch mean.
     dropout_prng: 'rbg' (fast) or 'threefry' (layout-independent masks); see `dropout_key`.
     """
     pad_id = model.config.pad_id
@@ -186,6 +187,49 @@ def jit_train_step(
         donate_argnums=(0,),
         compiler_options=compiler_options,
     )
+
+
+def jit_per_device_train_step(
+    train_step: Callable,
+    state_shardings: Any,
+    mesh: Mesh,
+    rules: parallel.Rules = parallel.DEFAULT_RULES,
+    compiler_options: dict | None = None,
+) -> Callable:
+    """The data-parallel step written per device, as `jax.pmap` programs are: `jax.jit` of a `jax.shard_map`.
+
+    Each device runs `train_step` (made with `axis_name=per_device_axes(rules)`) on its rows of the batch, with
+    the whole state, and differentiates its own loss sum; the step's `psum`s make the update the global-batch
+    one, so every device holds the same state and metrics. As under `jax.pmap`, nothing is summed implicitly
+    (`check_vma=False`: the gradient of the replicated parameters is each device's own). The state stays on
+    `state_shardings` as in `jit_train_step`, so checkpoints and the loop are the same for both. Data parallel
+    only: the mesh's 'fsdp' and 'tensor' axes must have size 1.
+    """
+    if mesh.shape["fsdp"] > 1 or mesh.shape["tensor"] > 1:
+        raise ValueError(
+            f"the per-device step (mesh.mode='pmap') is data parallel only; the mesh {dict(mesh.shape)} has "
+            "fsdp or tensor > 1: use mesh.mode='jit' for those."
+        )
+    batch_spec = parallel.batch_sharding(mesh, rules).spec
+    per_device = jax.shard_map(
+        train_step,
+        mesh=mesh,
+        in_specs=(PartitionSpec(), batch_spec),
+        out_specs=(PartitionSpec(), PartitionSpec()),
+        check_vma=False,
+    )
+    return jax.jit(
+        per_device,
+        in_shardings=(state_shardings, parallel.batch_sharding(mesh, rules)),
+        out_shardings=(state_shardings, parallel.replicated(mesh)),
+        donate_argnums=(0,),
+        compiler_options=compiler_options,
+    )
+
+
+def per_device_axes(rules: parallel.Rules = parallel.DEFAULT_RULES) -> tuple[str, ...]:
+    """The mesh axes a batch is split over, i.e. the `axis_name` of a step for `jit_per_device_train_step`."""
+    return parallel.mesh_axis_names(dict(rules)["batch"])
 
 
 def jit_eval_step(
