@@ -1,10 +1,12 @@
 """Shared test settings: a tiny run of experiments/tiny.py that takes seconds on a 2-core CPU."""
 
 import os
+from pathlib import Path
 
-# Subprocesses (the CLI, multi-host workers, helpers) fail on a deprecated API too, as pyproject.toml's
-# filterwarnings makes the tests do.
-os.environ["PYTHONWARNINGS"] = "error::DeprecationWarning,error::PendingDeprecationWarning,error::FutureWarning"
+# Subprocesses (the CLI, multi-host workers, helpers, notebook kernels) fail on a deprecated jax / flax / optax /
+# orbax API too: they import helpers/strict_warnings/sitecustomize.py at start-up.
+_STRICT = str(Path(__file__).resolve().parent / "helpers" / "strict_warnings")
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_STRICT, os.environ.get("PYTHONPATH")]))
 
 SMALL_CORPUS = {"train": 1500, "validation": 40, "test": 10}
 SMALL_MODEL = dict(d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1, num_decoder_layers=1, max_len=32)

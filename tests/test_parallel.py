@@ -109,24 +109,24 @@ def test_bytes_per_device_of_each_layout(layouts):
 
 def test_parameter_specs_follow_the_rules(layouts):
     assert layouts["fsdp4_data2"]["param_specs_example"] == {
-        "embedding": "P(None, 'fsdp')",
-        "ffn_wi_kernel": "P('fsdp', None)",
-        "query_kernel": "P('fsdp', None, None)",
+        "embedding": [None, "fsdp"],
+        "ffn_wi_kernel": ["fsdp", None],
+        "query_kernel": ["fsdp", None, None],
     }
     assert layouts["tensor2_data4"]["param_specs_example"] == {
-        "embedding": "P('tensor', None)",
-        "ffn_wi_kernel": "P(None, 'tensor')",
-        "query_kernel": "P(None, 'tensor', None)",
+        "embedding": ["tensor", None],
+        "ffn_wi_kernel": [None, "tensor"],
+        "query_kernel": [None, "tensor", None],
     }
 
 
 def test_decode_cache_is_split_along_batch(layouts):
     cache = layouts["tensor2_data4"]["decode_cache"]
-    assert cache["cached_key"]["spec"] == "P(('data', 'fsdp'), 'tensor', None, None)"
+    assert cache["cached_key"]["spec"] == [["data", "fsdp"], "tensor", None, None]
     batch, heads, length, head_dim = cache["cached_key"]["shape"]
     assert cache["cached_key"]["shard_shape"] == [batch // 4, heads // 2, length, head_dim]
     assert cache["memory_key"]["shard_shape"][0] == batch // 4
-    assert cache["cache_index"]["spec"] == "P()"
+    assert cache["cache_index"]["spec"] == []
     assert layouts["fsdp4_data2"]["decode_cache"]["cached_key"]["shard_shape"][0] == batch // 8
 
 

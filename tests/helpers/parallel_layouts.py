@@ -51,6 +51,11 @@ LAYOUTS = {
 GLOBAL_BATCH, SRC_LEN, TGT_LEN = 16, 12, 10
 
 
+def spec_entries(spec) -> list:
+    """A PartitionSpec as JSON: one entry per dimension, None, a mesh axis, or a list of mesh axes."""
+    return [list(entry) if isinstance(entry, tuple) else entry for entry in spec]
+
+
 def model_config():
     # heads 4, d_model 64, d_ff 256, vocab 512: divisible by every mesh axis size used here.
     return tiny(dropout_rate=0.0, num_encoder_layers=1, num_decoder_layers=1)
@@ -134,7 +139,7 @@ def cache_layout(mesh, rules, params, batch: int = 8) -> dict:
     ):
         out[name] = {
             "shape": list(leaf.shape),
-            "spec": str(leaf.sharding.spec),
+            "spec": spec_entries(leaf.sharding.spec),
             "shard_shape": list(leaf.addressable_shards[0].data.shape),
         }
     return out
@@ -160,9 +165,11 @@ def run_layout(name: str, steps: int, batches: list[dict], host_state, optimizer
         "opt_bytes_per_device": sorted(opt_bytes.values()),
         "param_bytes_total": int(sum(np.asarray(x).nbytes for x in jax.tree.leaves(host_state.params))),
         "param_specs_example": {
-            "embedding": str(shardings.params["embed"]["embedding"].spec),
-            "ffn_wi_kernel": str(shardings.params["encoder"]["layer_0"]["ffn"]["wi"]["kernel"].spec),
-            "query_kernel": str(shardings.params["encoder"]["layer_0"]["self_attention"]["query"]["kernel"].spec),
+            "embedding": spec_entries(shardings.params["embed"]["embedding"].spec),
+            "ffn_wi_kernel": spec_entries(shardings.params["encoder"]["layer_0"]["ffn"]["wi"]["kernel"].spec),
+            "query_kernel": spec_entries(
+                shardings.params["encoder"]["layer_0"]["self_attention"]["query"]["kernel"].spec
+            ),
         },
     }
     result["adam_state_bytes"] = adam_state_bytes(mesh, rules)
