@@ -38,14 +38,18 @@ _dense.defvjp(_dense_fwd, _dense_bwd)
 
 
 def dense_dot_general(x, kernel, dimension_numbers, precision=None, preferred_element_type=None):
-    """`dot_general` for nn.Dense / nn.DenseGeneral (`dot_general=dense_dot_general`) that routes the usual
-    contraction (the last dims of x with the first of the kernel, no batch dims) through `dense`; any other
-    contraction goes to lax.dot_general unchanged. precision / preferred_element_type (None in Flax's layers)
-    only apply to that fallback."""
+    """`dot_general` for nn.Dense / nn.DenseGeneral (`dot_general=dense_dot_general`).
+
+    The usual contraction (the last dims of x with the first of the kernel, no batch dims) goes through `dense`;
+    any other contraction, and any call that sets `precision` or `preferred_element_type` (None in Flax's layers
+    unless asked for), goes to lax.dot_general unchanged, so those arguments are honoured.
+    """
     (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
     n = len(lhs_contract)
     if (
-        lhs_batch
+        precision is not None
+        or preferred_element_type is not None
+        or lhs_batch
         or rhs_batch
         or tuple(lhs_contract) != tuple(range(x.ndim - n, x.ndim))
         or tuple(rhs_contract) != tuple(range(n))
