@@ -48,17 +48,14 @@ def cross_entropy_sums(
     *,
     label_smoothing: float,
     pad_id: int = 0,
-    weights: jnp.ndarray | None = None,
 ) -> LossSums:
     """Label-smoothed cross-entropy summed over the target tokens that are not `pad_id`.
 
     logits: [batch, length, vocab] (any float dtype; promoted to float32);
-    targets: [batch, length] int ids; weights: optional [batch, length] extra 0/1 mask (multiplied in).
+    targets: [batch, length] int ids.
     `correct` counts tokens whose gold logit is the largest (a tie with another token counts as correct).
     """
     mask = (targets != pad_id).astype(jnp.float32)  # [batch, length]
-    if weights is not None:
-        mask = mask * weights.astype(jnp.float32)
     loss, nll, correct = _token_losses(logits.astype(jnp.float32), targets, mask, label_smoothing)
     return LossSums(loss=loss, nll=nll, correct=correct, tokens=jnp.sum(mask))
 

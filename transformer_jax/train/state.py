@@ -37,18 +37,13 @@ class TrainState(flax.struct.PyTreeNode):
     accum_tokens: jnp.ndarray | None = None
 
 
-def _init_inputs(model_cfg: ModelConfig):
-    tokens = jnp.ones((1, 8), jnp.int32)  # [batch, length]
-    return tokens, tokens
-
-
 def boxed_init_fn(model: Transformer, tx: optax.GradientTransformation, accum_steps: int):
     """rng -> TrainState with parameters still in their `nn.LogicallyPartitioned` boxes."""
 
     def init(rng):
         params_rng, dropout_rng = jax.random.split(rng)
-        inputs, decoder_inputs = _init_inputs(model.config)
-        params = model.init({"params": params_rng}, inputs, decoder_inputs)["params"]
+        tokens = jnp.ones((1, 8), jnp.int32)  # [batch, length]: the parameter shapes do not depend on it
+        params = model.init({"params": params_rng}, tokens, tokens)["params"]
         return TrainState(
             step=jnp.zeros((), jnp.int32),
             params=params,
