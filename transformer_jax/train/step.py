@@ -101,7 +101,8 @@ def make_train_step(
     axis_name: the mesh axes of the batch when run per device (`jit_per_device_train_step`): each device draws
     its own dropout masks, and the gradient sums and token counts are `psum`med, so the update is the
     global-batch mean.
-    dropout_prng: 'rbg' (fast) or 'threefry' (layout-independent masks); see `dropout_key`.
+    dropout_prng: 'rbg_threefry' (default, fastest on a CPU), 'rbg' or 'threefry' (the same masks on every device
+    layout); see `dropout_key`.
     """
     pad_id = model.config.pad_id
 
