@@ -22,7 +22,7 @@ from transformer_jax.config import tiny  # noqa: E402
 from transformer_jax.interop import torch as interop  # noqa: E402
 from transformer_jax.model import Transformer  # noqa: E402
 
-ATOL = 1e-5  # float32 parity bound of issue #5
+ATOL = 1e-5  # float32 parity: the largest absolute JAX-PyTorch difference allowed (per token for summed losses)
 # Paper constants (§5.3 Adam and schedule, §5.4 label smoothing), as the training config presets hold them.
 ADAM_B1, ADAM_B2, ADAM_EPS, WARMUP_STEPS, LABEL_SMOOTHING = 0.9, 0.98, 1e-9, 4000, 0.1
 

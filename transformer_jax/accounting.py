@@ -1,4 +1,4 @@
-"""Parameter counts by component and analytic forward FLOPs (the second seed's arithmetic)."""
+"""Parameter counts by component and analytic forward FLOPs of the model's matmuls (2 FLOPs per multiply-add)."""
 
 from __future__ import annotations
 
@@ -50,8 +50,8 @@ def count_parameters(config: ModelConfig) -> ParameterCount:
 def forward_flops(config: ModelConfig, batch: int, src_len: int, tgt_len: int) -> dict[str, int]:
     """Forward FLOPs of one teacher-forced pass (2 FLOPs per multiply-add), by term.
 
-    Per encoder layer with n source tokens: 8·n·d² (Q, K, V, O projections) + 4·n·d·d_ff (FFN; = 24·n·d²
-    with d_ff = 4d, as the seed writes it) + 4·n²·d (scores Q·K^T and the weighted read of V).
+    Per encoder layer with n source tokens: 8·n·d² (Q, K, V, O projections) + 4·n·d·d_ff (FFN) + 4·n²·d
+    (scores Q·K^T and the weighted read of V); with d_ff = 4d the projections and FFN together are 24·n·d².
     Per decoder layer with m target tokens: the same self-attention and FFN terms in m, plus
     cross-attention: 4·m·d² (Q, O) + 4·n·d² (K, V of the encoder output) + 4·m·n·d.
     Output projection: 2·m·d·vocab. LayerNorm, softmax and other element-wise work are left out.
