@@ -133,20 +133,41 @@ def test_decode_cache_is_split_along_batch(layouts):
 # ---------------------------------------------------------------------------------------------- rules (in-process)
 
 
-def spec(axes, rules):
-    return tuple(nn.logical_to_mesh_axes(axes, rules))
+# Every logical shape the model's arrays have -> its mesh axes under each named table, written out by hand from
+# the sharding plan (FSDP splits 'embed', else 'mlp' / 'vocab'; Megatron tensor parallelism splits 'heads',
+# 'mlp', 'vocab'; the batch always goes over data and fsdp).
+SHAPES = (
+    ("vocab", "embed"),  # embedding
+    ("embed", "vocab"),  # unshared output projection
+    (None, "embed"),  # learned position table
+    ("embed", "heads", "kv"),  # query / key / value
+    ("heads", "kv", "embed"),  # attention out
+    ("embed", "mlp"),  # ffn wi
+    ("mlp", "embed"),  # ffn wo
+    ("mlp",),  # ffn bias_i
+    ("embed",),  # LayerNorm, output biases
+    ("heads", "kv"),  # attention biases
+    ("batch", "length"),  # every batch array
+)
+BATCH = ("data", "fsdp")
+EXPECTED_SPECS = {
+    "dp": [(None, None), (None, None), (None, None), (None, None, None), (None, None, None), (None, None),
+           (None, None), (None,), (None,), (None, None), (BATCH, None)],
+    "fsdp": [(None, "fsdp"), ("fsdp", None), (None, "fsdp"), ("fsdp", None, None), (None, None, "fsdp"),
+             ("fsdp", None), (None, "fsdp"), ("fsdp",), ("fsdp",), (None, None), (BATCH, None)],
+    "tensor": [("tensor", None), (None, "tensor"), (None, None), (None, "tensor", None), ("tensor", None, None),
+               (None, "tensor"), ("tensor", None), ("tensor",), (None,), ("tensor", None), (BATCH, None)],
+    "fsdp_tensor": [("tensor", "fsdp"), ("fsdp", "tensor"), (None, "fsdp"), ("fsdp", "tensor", None),
+                    ("tensor", None, "fsdp"), ("fsdp", "tensor"), ("tensor", "fsdp"), ("tensor",), ("fsdp",),
+                    ("tensor", None), (BATCH, None)],
+}  # fmt: skip
 
 
-def test_rule_tables():
-    assert spec(("vocab", "embed"), parallel.FSDP_RULES) == (None, "fsdp")
-    assert spec(("mlp",), parallel.FSDP_RULES) == ("fsdp",)  # a vector without 'embed' falls back to 'mlp'
-    assert spec(("embed", "heads", "kv"), parallel.TENSOR_RULES) == (None, "tensor", None)
-    assert spec(("heads", "kv", "embed"), parallel.TENSOR_RULES) == ("tensor", None, None)
-    assert spec(("embed", "mlp"), parallel.FSDP_TENSOR_RULES) == ("fsdp", "tensor")
-    assert spec(("vocab", "embed"), parallel.FSDP_TENSOR_RULES) == ("tensor", "fsdp")
-    for rules in parallel.RULE_TABLES.values():
-        assert spec(("batch", "length"), rules) == (("data", "fsdp"), None)
-    assert parallel.make_rules() == tuple(parallel.make_rules(False, False))
+@pytest.mark.parametrize("name", sorted(EXPECTED_SPECS))
+def test_rule_table_places_every_array_as_planned(name):
+    assert set(EXPECTED_SPECS) == set(parallel.RULE_TABLES)
+    got = [tuple(nn.logical_to_mesh_axes(axes, parallel.RULE_TABLES[name])) for axes in SHAPES]
+    assert got == EXPECTED_SPECS[name]
 
 
 def fake_mesh(**sizes):
