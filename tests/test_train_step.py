@@ -158,15 +158,30 @@ def test_eval_step_sums_match_the_loss_function():
 
 
 def test_shardings_come_from_logical_rules():
+    """Parameters are placed by their logical axis names under the rules given; Adam's moments and the gradient
+    accumulator follow the parameters; step, key and counters are replicated."""
     state, _, _, mesh, shardings = setup(small_model())
     assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "tensor": 1}
-    embedding = state.params["embed"]["embedding"]
-    assert embedding.sharding.mesh.axis_names == ("data", "fsdp", "tensor")
-    assert tuple(shardings.params["embed"]["embedding"].spec) == (None, None)
+    assert state.params["embed"]["embedding"].sharding == shardings.params["embed"]["embedding"]
+    assert tuple(shardings.params["embed"]["embedding"].spec) == (None, None)  # data parallel: replicated
     assert tuple(parallel.batch_sharding(mesh).spec) == (("data", "fsdp"), None)
-    rules = [("vocab", "tensor"), ("embed", "fsdp")] + list(parallel.DEFAULT_RULES)
-    spec = parallel.logical_sharding(mesh, ("vocab", "embed"), rules).spec
-    assert tuple(spec) == ("tensor", "fsdp")
+
+    tx, _ = optimizer()
+    _, placed, _ = state_initializer(small_model(), tx, mesh, parallel.FSDP_TENSOR_RULES, accum_steps=2)
+    specs = lambda tree: jax.tree.map(lambda sharding: tuple(sharding.spec), tree)  # noqa: E731
+    params = specs(placed.params)
+    encoder, decoder = params["encoder"]["layer_0"], params["decoder"]["layer_0"]
+    assert params["embed"]["embedding"] == ("tensor", "fsdp")  # [vocab, embed]
+    assert encoder["self_attention"]["query"]["kernel"] == ("fsdp", "tensor", None)  # [embed, heads, kv]
+    assert decoder["cross_attention"]["out"]["kernel"] == ("tensor", None, "fsdp")  # [heads, kv, embed]
+    assert decoder["ffn"]["wo"]["kernel"] == ("tensor", "fsdp")  # [mlp, embed]
+    assert decoder["ffn"]["wi"]["bias"] == ("tensor",)  # [mlp]
+    assert encoder["ffn_norm"]["scale"] == ("fsdp",)  # [embed]
+    (adam,) = [
+        node for node in jax.tree.leaves(placed.opt_state, is_leaf=lambda n: hasattr(n, "mu")) if hasattr(node, "mu")
+    ]
+    assert specs(adam.mu) == specs(adam.nu) == specs(placed.grad_accum) == params
+    assert tuple(adam.count.spec) == tuple(placed.step.spec) == tuple(placed.rng.spec) == ()
 
 
 def test_bfloat16_activations_float32_params_and_dropout_from_step():
