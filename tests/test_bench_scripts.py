@@ -5,6 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from transformer_jax.accounting import forward_flops
+from transformer_jax.config import tiny
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments" / "bench"))
 
 from device import peak_tflops  # noqa: E402
@@ -19,6 +24,25 @@ def test_peak_table_matches_device_kinds_as_jax_names_them():
     assert peak_tflops("cpu") is None
 
 
+SMOKE_TOKENS, SMOKE_LENGTH = 256, 16  # device.py --smoke: 256 source tokens per batch in rows of 16
+
+
+def check_device_report(report):
+    """The --smoke report on one CPU: its shapes follow the smoke arguments and its rates follow its own timings."""
+    assert report["smoke"] and report["backend"] == "cpu" and report["devices"] == 1
+    assert report["peak_tflops_per_device"] is None
+    (row,) = report["results"]
+    assert row["model"] == "tiny" and row["compute_dtype"] == "bfloat16" and row["param_dtype"] == "float32"
+    assert row["rows"] == SMOKE_TOKENS // SMOKE_LENGTH and row["length"] == SMOKE_LENGTH
+    seconds = row["step_s"]
+    assert row["tokens_per_s"] == pytest.approx(2 * row["rows"] * row["length"] / seconds)  # source + target
+    # Training = forward + backward = 3 x the forward FLOPs (tests/test_accounting.py checks forward_flops).
+    flops = 3 * forward_flops(tiny(vocab_size=512), row["rows"], row["length"], row["length"])["total"]
+    assert row["tflops"] == pytest.approx(flops / seconds / 1e12)
+    assert row["mfu"] is None  # no peak for a CPU
+    assert row["greedy_sentences_per_s"] > 0 and row["beam4_sentences_per_s"] > 0
+
+
 def test_device_benchmark_smoke_runs_on_cpu(tmp_path):
     out = tmp_path / "device.json"
     proc = subprocess.run(
@@ -29,8 +53,4 @@ def test_device_benchmark_smoke_runs_on_cpu(tmp_path):
         env={"PY": sys.executable, "PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"},
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads(out.read_text())
-    (row,) = report["results"]
-    assert report["smoke"] and row["model"] == "tiny" and row["compute_dtype"] == "bfloat16"
-    assert row["param_dtype"] == "float32" and row["tokens_per_s"] > 0 and row["beam4_sentences_per_s"] > 0
-    assert row["mfu"] is None  # no peak for a CPU
+    check_device_report(json.loads(out.read_text()))
