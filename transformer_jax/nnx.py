@@ -38,7 +38,7 @@ M = TypeVar("M", bound=nnx.Module)
 # flax >= 0.12 shards a Variable that has axis names as it is made, reading them as mesh axes (or by a rule table of
 # its own, see `shardings`); ours are logical names placed by parallel.py's tables, so that is off while our
 # modules are made. flax 0.11 has no eager sharding.
-_no_eager_sharding = getattr(nnx, "use_eager_sharding", lambda _: contextlib.nullcontext())
+_eager_sharding = getattr(nnx, "use_eager_sharding", lambda _: contextlib.nullcontext())
 
 
 def _tokens() -> jnp.ndarray:
@@ -54,7 +54,7 @@ class _Bridged(bridge.ToNNX):
 
     def __init__(self, module: nn.Module, *sample_inputs: jnp.ndarray, rngs: nnx.Rngs):
         super().__init__(module, rngs=rngs)
-        with _no_eager_sharding(False):
+        with _eager_sharding(False):
             bridge.lazy_init(self, *sample_inputs)
 
 
@@ -135,7 +135,8 @@ def as_linen(bridged: bridge.ToNNX) -> tuple[nn.Module, Any]:
 
 
 def from_params(config: ModelConfig, params, *, rngs: nnx.Rngs | None = None) -> Transformer:
-    """An NNX Transformer holding the Linen parameter tree `params` (a checkpoint's, boxed or plain).
+    """An NNX Transformer holding the Linen parameter tree `params` (a checkpoint's, boxed or plain); it is made
+    with a random init whose values `params` then replace.
 
     rngs: the dropout stream for further training (default nnx.Rngs(0)). Raises ValueError naming the parameters
     that are missing or unexpected for `config`.
