@@ -1,17 +1,21 @@
 """The decode cache and greedy decoding, checked against teacher-forced forward passes and hand-made models."""
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import PartitionSpec
 
 from transformer_jax import config as config_lib
-from transformer_jax import parallel
 from transformer_jax.decoding import (
     DecodeConfig,
-    constrain_cache,
     gather_beams,
     greedy_decode,
     greedy_search,
@@ -62,9 +66,9 @@ def compiled(tiny):
     def step(tokens, cache):
         return transformer_step_fn(model, params, encoded, SOURCES)(tokens, cache)
 
-    init = jax.jit(lambda e: init_cache(model, params, e, SOURCES, 6)).lower(encoded).compile()  # 6 steps
+    cache = jax.jit(lambda e: init_cache(model, params, e, SOURCES, 6))(encoded)  # 6 steps
     forward = jax.jit(lambda decoder_inputs: model.apply({"params": params}, SOURCES, decoder_inputs))
-    return {"encoded": encoded, "cache": init(encoded), "init_hlo": init.as_text(), "step": step, "forward": forward}
+    return {"encoded": encoded, "cache": cache, "step": step, "forward": forward}
 
 
 # ------------------------------------------------------------------------------------------------ cache
@@ -78,9 +82,9 @@ def test_cached_steps_match_teacher_forced_logits(compiled):
         assert logits.dtype == jnp.float32
         np.testing.assert_allclose(logits, expected[:, t], rtol=1e-5, atol=1e-5, err_msg=f"step {t}")
     for index in range(TINY.num_decoder_layers):  # one self-attention cache per layer, filled to the end
-        layer = cache["decoder"][f"layer_{index}"]["self_attention"]
-        assert layer["cached_key"].shape == (2, TINY.num_heads, 6, TINY.head_dim)  # [batch, heads, length, d]
-        assert int(layer["cache_index"]) == 6
+        layer = cache["decoder"][f"layer_{index}"]["self_attention"]["keys_values"]
+        assert layer.key.shape == (2, TINY.num_heads, 6, TINY.head_dim)  # [batch, heads, length, d]
+        assert int(layer.index) == 6
 
 
 def _dot_operand_shapes(jaxpr):
@@ -102,53 +106,72 @@ def test_cross_attention_keys_values_are_computed_once_per_source(tiny, compiled
     encoded, cache = compiled["encoded"], compiled["cache"]  # encoded: [batch, src_len=7, d_model]
     for index in range(TINY.num_decoder_layers):
         layer_params = params["decoder"][f"layer_{index}"]["cross_attention"]
-        layer_cache = cache["decoder"][f"layer_{index}"]["cross_attention"]
+        memory = cache["decoder"][f"layer_{index}"]["cross_attention"]["memory"]
         for name in ("key", "value"):
             projected = jnp.einsum("bsd,dhk->bhsk", encoded, layer_params[name]["kernel"])  # heads-major
-            np.testing.assert_allclose(layer_cache[f"memory_{name}"], projected, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(getattr(memory, name), projected, rtol=1e-5, atol=1e-5)
 
-    step = transformer_step_fn(model, params, encoded, SOURCES)
-    # A K/V projection of the memory is a dot with a [batch * src_len, d_model] operand (the tokens flattened).
+    # A K/V projection of the memory is a dot with a [batch * src_len, d_model] operand (the tokens flattened):
+    # no step repeats one.
     memory_tokens = SOURCES.shape[0] * SOURCES.shape[1]
-    projects_memory = (
-        lambda operands: any(  # noqa: E731
-            len(shape) >= 2 and shape[-1] == TINY.d_model and int(np.prod(shape[:-1])) == memory_tokens
-            for shape in operands
-        )
+    step_dots = _dot_operand_shapes(jax.make_jaxpr(compiled["step"])(jnp.full((2,), BOS), cache).jaxpr)
+    assert step_dots and not any(
+        len(shape) >= 2 and shape[-1] == TINY.d_model and int(np.prod(shape[:-1])) == memory_tokens
+        for operands in step_dots
+        for shape in operands
     )
-    step_dots = _dot_operand_shapes(jax.make_jaxpr(step)(jnp.full((2,), BOS), cache).jaxpr)
-    init_dots = _dot_operand_shapes(jax.make_jaxpr(lambda e: init_cache(model, params, e, SOURCES, 6))(encoded).jaxpr)
-    assert sum(map(projects_memory, init_dots)) == 2 * 2  # the check sees K and V of both layers there...
-    assert step_dots and not any(map(projects_memory, step_dots))  # ...and no step repeats them
 
-    # Under jit, the dummy decoder pass that sizes the cache is dead code: only K and V projections remain.
-    assert compiled["init_hlo"].count(" dot(") == 2 * TINY.num_decoder_layers
+    # A beam cache (2 hypotheses per source) does the K/V projections once per source and nothing else: under jit
+    # the dummy decoder pass that sizes the cache is dead code. Per hypothesis it would be twice the work; the dummy
+    # pass alive, about 8 times.
+    rows = jnp.repeat(SOURCES, 2, axis=0)  # [batch * beam, src_len]
+    init = jax.jit(lambda e: init_cache(model, params, e, rows, 6, beam_size=2)).lower(encoded).compile()
+    cost = init.cost_analysis()
+    flops = (cost[0] if isinstance(cost, list) else cost)["flops"]  # a list in older jax
+    projection_flops = 2 * memory_tokens * TINY.d_model * TINY.num_heads * TINY.head_dim  # one [tokens, d] @ [d, d]
+    assert flops == pytest.approx(2 * TINY.num_decoder_layers * projection_flops, rel=0.1)  # K and V of each layer
 
     _, stepped = compiled["step"](jnp.full((2,), BOS), cache)
-    for name in ("memory_key", "memory_value"):
+    for name in ("key", "value"):
         np.testing.assert_array_equal(
-            stepped["decoder"]["layer_1"]["cross_attention"][name], cache["decoder"]["layer_1"]["cross_attention"][name]
+            getattr(stepped["decoder"]["layer_1"]["cross_attention"]["memory"], name),
+            getattr(cache["decoder"]["layer_1"]["cross_attention"]["memory"], name),
         )
 
 
-def test_reorder_cache_moves_hypotheses_and_leaves_source_and_scalars(compiled):
-    # Read the batch of 2 as 1 sentence x 2 hypotheses; after one step with different tokens the rows differ.
-    _, cache = compiled["step"](jnp.array([3, 4], jnp.int32), compiled["cache"])
-    for indices in ([[1, 1]], [[1, 0]]):
-        indices = jnp.array(indices)  # [batch=1, new_beam=2]
+@pytest.mark.parametrize("beam_size", [1, 2])
+def test_reordered_cache_continues_each_parents_prefix(tiny, beam_size):
+    """One source, 2 hypotheses. With block 1 each row owns its keys and reordering copies them; with block 2
+    (beam search) the keys stay where they were computed and the lineage moves. Either way, after a reorder each
+    hypothesis's next logits are those of a teacher-forced pass over its parent's prefix (the oracle has no cache).
+    """
+    model, params = tiny
+    source = SOURCES[:1]
+    rows = jnp.repeat(source, 2, axis=0)  # [hypotheses=2, src_len]
+    encoded = model.apply({"params": params}, source, method="encode")  # [1, src_len, d_model], shared
+    step = jax.jit(transformer_step_fn(model, params, encoded, rows))
+    cache = init_cache(model, params, encoded, rows, 6, beam_size=beam_size)
+    _, cache = step(jnp.full((2,), BOS), cache)
+    _, cache = step(jnp.array([3, 4]), cache)  # prefixes: row 0 BOS 3, row 1 BOS 4
+    for parents in ([1, 1], [1, 0]):
         for one_hot in (False, True):
-            moved = reorder_cache(cache, indices, one_hot=one_hot)
+            moved = reorder_cache(cache, jnp.array([parents]), one_hot=one_hot)  # [batch=1, beam=2]
+            logits, _ = step(jnp.array([5, 6]), moved)  # [2, vocab]
+            decoder_inputs = jnp.array([[BOS, 3 + parent, token] for parent, token in zip(parents, (5, 6))])
+            expected = model.apply({"params": params}, rows, decoder_inputs)[:, 2]  # [2, vocab]
+            np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5, err_msg=f"{parents} {one_hot}")
             for index in range(TINY.num_decoder_layers):
-                before = cache["decoder"][f"layer_{index}"]
-                after = moved["decoder"][f"layer_{index}"]
-                for name in ("cached_key", "cached_value"):
-                    np.testing.assert_array_equal(
-                        after["self_attention"][name], before["self_attention"][name][indices[0]]
-                    )
-                assert int(after["self_attention"]["cache_index"]) == 1
+                before, after = cache["decoder"][f"layer_{index}"], moved["decoder"][f"layer_{index}"]
+                keys = after["self_attention"]["keys_values"].key
+                kept = before["self_attention"]["keys_values"].key
+                np.testing.assert_array_equal(keys, kept if beam_size > 1 else kept[jnp.array(parents)])
+                assert int(after["self_attention"]["keys_values"].index) == 2
                 np.testing.assert_array_equal(
-                    after["cross_attention"]["memory_value"], before["cross_attention"]["memory_value"]
+                    after["cross_attention"]["memory"].value, before["cross_attention"]["memory"].value
                 )
+
+
+def test_gather_beams_takes_rows_within_each_sentence():
     x = jnp.arange(2 * 3 * 4, dtype=jnp.float32).reshape(2, 3, 4) * 1.37  # [batch, beam, ...]
     indices = jnp.array([[2, 2, 0], [1, 0, 1]])
     expected = np.stack([np.asarray(x)[0, [2, 2, 0]], np.asarray(x)[1, [1, 0, 1]]])
@@ -156,20 +179,64 @@ def test_reorder_cache_moves_hypotheses_and_leaves_source_and_scalars(compiled):
     np.testing.assert_array_equal(gather_beams(x, indices, one_hot=True), gather_beams(x, indices))
 
 
-def test_cache_is_sharded_along_the_batch_like_the_activations(compiled):
-    mesh = parallel.make_mesh()
-    cache = compiled["cache"]
-    shardings = parallel.decode_cache_shardings(cache, mesh)
-    layer = shardings["decoder"]["layer_0"]
-    assert layer["self_attention"]["cached_key"].spec == PartitionSpec(("data", "fsdp"), None, None, None)
-    assert layer["cross_attention"]["memory_key"].spec == PartitionSpec(("data", "fsdp"), None, None, None)
-    assert layer["self_attention"]["cache_index"].spec == PartitionSpec()
-    assert shardings["decoder"]["position"].spec == PartitionSpec()
-    constrained = jax.jit(lambda c: constrain_cache(c, mesh))(cache)
-    np.testing.assert_array_equal(
-        constrained["decoder"]["layer_0"]["self_attention"]["cached_key"],
-        cache["decoder"]["layer_0"]["self_attention"]["cached_key"],
-    )
+# Runs on 4 simulated CPU devices (the count is fixed before JAX starts, hence a subprocess); prints JSON.
+SHARDED_BEAM_CACHE = textwrap.dedent(
+    """
+    import json, sys
+
+    import jax, jax.numpy as jnp, numpy as np
+
+    sys.path.insert(0, sys.argv[1])
+    from test_decoding import SOURCES, TINY, random_params
+    from transformer_jax import parallel
+    from transformer_jax.decoding import beam_search, constrain_cache, init_cache
+    from transformer_jax.model import Transformer
+
+    model = Transformer(TINY)
+    params = random_params(model, seed=1, scale=1.0)
+    mesh = parallel.make_mesh({"data": 2, "tensor": 2})
+    rules = parallel.rules_for_mesh(mesh)
+
+    @jax.jit
+    def beam_cache(params):  # 2 sources x beam 2, pinned to the mesh
+        encoded = model.apply({"params": params}, SOURCES, method="encode")
+        cache = init_cache(model, params, encoded, jnp.repeat(SOURCES, 2, axis=0), 6, beam_size=2)
+        return constrain_cache(cache, mesh, rules)
+
+    cache = beam_cache(params)
+    layer = cache["decoder"]["layer_0"]
+    arrays = {
+        "key": layer["self_attention"]["keys_values"].key,
+        "lineage": layer["self_attention"]["keys_values"].lineage,
+        "index": layer["self_attention"]["keys_values"].index,
+        "memory_value": layer["cross_attention"]["memory"].value,
+        "position": cache["decoder"]["position"],
+    }
+    out = {name: [list(a.shape), list(a.addressable_shards[0].data.shape)] for name, a in arrays.items()}
+    sharded = beam_search(model, params, SOURCES, beam_size=2, max_decode_len=6, mesh=mesh, rules=rules)
+    alone = beam_search(model, params, SOURCES, beam_size=2, max_decode_len=6)
+    out["same_sequences"] = bool(np.array_equal(sharded[0], alone[0]))
+    out["score_difference"] = float(np.max(np.abs(np.asarray(sharded[1]) - np.asarray(alone[1]))))
+    print(json.dumps(out))
+    """
+)
+
+
+def test_beam_cache_is_split_by_source_and_head_on_a_mesh():
+    """On a data 2 x tensor 2 mesh the beam cache splits along its sources (a source's hypotheses, lineage and
+    memory on one device, so reordering is local) and along the heads (like the Q/K/V projections); the step
+    counters are replicated; beam search with the cache pinned there gives the one-device n-best."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    command = [sys.executable, "-c", SHARDED_BEAM_CACHE, str(Path(__file__).parent)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    heads, head_dim = TINY.num_heads, TINY.head_dim
+    assert out["key"] == [[2, heads, 6 * 2, head_dim], [1, heads // 2, 6 * 2, head_dim]]  # [sources, heads, ...]
+    assert out["lineage"] == [[2, 2, 6], [1, 2, 6]]  # [sources, beam, length]: a source's beam on one device
+    assert out["memory_value"] == [[2, heads, 7, head_dim], [1, heads // 2, 7, head_dim]]
+    assert out["index"] == out["position"] == [[], []]
+    assert out["same_sequences"] and out["score_difference"] <= 1e-5
 
 
 # ----------------------------------------------------------------------------------------------- greedy

@@ -61,13 +61,24 @@ class DecoderLayer(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, x, memory, self_mask=None, cross_mask=None, deterministic: bool = True, decode: bool = False):
+    def __call__(
+        self,
+        x,
+        memory,
+        self_mask=None,
+        cross_mask=None,
+        deterministic: bool = True,
+        decode: bool = False,
+        cache_block: int = 1,
+    ):
         cfg = self.config
         self_attention = MultiHeadAttention(cfg, name="self_attention")
         x = residual(
             cfg,
             "self_attention",
-            lambda y: self_attention(y, mask=self_mask, deterministic=deterministic, decode=decode),
+            lambda y: self_attention(
+                y, mask=self_mask, deterministic=deterministic, decode=decode, cache_block=cache_block
+            ),
             x,
             deterministic,
         )
@@ -116,7 +127,8 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     """Embedding, positions and a stack of N decoder layers (plus a final LayerNorm in pre-LN mode).
 
-    With `decode=True` it takes one token per call ([batch, 1]) and keeps its position in the cache.
+    With `decode=True` it takes one token per call ([batch, 1]) and keeps its position in the cache;
+    `cache_block` consecutive rows share one group of self-attention keys (MultiHeadAttention).
     """
 
     config: ModelConfig
@@ -132,6 +144,7 @@ class Decoder(nn.Module):
         positions=None,
         deterministic: bool = True,
         decode: bool = False,
+        cache_block: int = 1,
     ):
         """y: [batch, tgt_len] ids; memory: [batch, src_len, d_model] -> [batch, tgt_len, d_model]."""
         cfg = self.config
@@ -141,7 +154,8 @@ class Decoder(nn.Module):
             positions = default_positions(y)
         y = embed_with_positions(cfg, self.embedding, y, positions, deterministic)
         for index in range(cfg.num_decoder_layers):
-            y = DecoderLayer(cfg, name=f"layer_{index}")(y, memory, self_mask, cross_mask, deterministic, decode)
+            layer = DecoderLayer(cfg, name=f"layer_{index}")
+            y = layer(y, memory, self_mask, cross_mask, deterministic, decode, cache_block)
         if cfg.norm_position == "pre":
             y = layer_norm(cfg, "final_norm")(y)
         return y
@@ -208,11 +222,14 @@ class Transformer(nn.Module):
         targets_segmentation=None,
         deterministic: bool = True,
         decode: bool = False,
+        cache_block: int = 1,
     ):
         """Logits [batch, tgt_len, vocab] (float32) for decoder_inputs [batch, tgt_len] (the shifted targets).
 
         encoded: [batch, src_len, d_model] from `encode`; inputs: the source ids, for its padding mask.
-        With decode=True, decoder_inputs is one step [batch, 1] and the 'cache' collection is mutable.
+        With decode=True, decoder_inputs is one step [batch, 1] and the 'cache' collection is mutable; the call
+        that makes the cache (decoding/cache.init_cache) sets its layout: `cache_block` consecutive rows (the
+        hypotheses of one source in beam search) keep their self-attention keys in one group.
         """
         cfg = self.config
         self._check_length("decoder_inputs", decoder_inputs)
@@ -229,7 +246,9 @@ class Transformer(nn.Module):
                 padding_mask(decoder_inputs, inputs, cfg.pad_id),
                 None if targets_segmentation is None else segment_mask(targets_segmentation, inputs_segmentation),
             )  # [batch, 1, tgt_len, src_len]
-        y = self.decoder(decoder_inputs, encoded, self_mask, cross_mask, targets_positions, deterministic, decode)
+        y = self.decoder(
+            decoder_inputs, encoded, self_mask, cross_mask, targets_positions, deterministic, decode, cache_block
+        )
         if cfg.share_embeddings:
             return self.embed.attend(y)
         return self.output_projection(y.astype(jnp.float32))

@@ -7,9 +7,9 @@ and every sharding in the training step is derived from it, so a new parallelism
     mesh axes: ('data', 'fsdp', 'tensor')     default: one device, all sizes 1
 
 Rule tables: DEFAULT_RULES (data parallel), FSDP_RULES, TENSOR_RULES, FSDP_TENSOR_RULES (`make_rules`,
-`rules_for_mesh`, `rules_from_config`); decode-cache shardings: `decode_cache_shardings`. The pmap step lives in
-train/pmap_step.py, multi-host start-up in distributed.py; `data_shard`, `local_rows`, `global_batch` (below) give each
-process its rows of a global batch (docs/SCALING.md).
+`rules_for_mesh`, `rules_from_config`); arrays that name their axes themselves (the decode cache):
+`logical_tree_shardings`. The pmap step lives in train/pmap_step.py, multi-host start-up in distributed.py;
+`data_shard`, `local_rows`, `global_batch` (below) give each process its rows of a global batch (docs/SCALING.md).
 """
 
 from __future__ import annotations
@@ -101,7 +101,8 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# FSDP and tensor-parallel rule tables, rules chosen from the mesh / config, decode-cache shardings (issue #6).
+# FSDP and tensor-parallel rule tables; the table for a mesh or a config (mesh.rules); whether a model divides over a
+# mesh; shardings of arrays that name their own axes (the decode cache).
 #
 # Rules are applied in order (flax `logical_to_mesh_axes`): a logical axis takes the first rule whose mesh axes are
 # not already used by another dimension of the same array, so later rules act as fallbacks. Every parameter of the
@@ -206,34 +207,22 @@ def check_model_fits_mesh(model_cfg: Any, mesh: Mesh, rules: Rules = DEFAULT_RUL
         )
 
 
-# Decode cache leaves (decoding/cache.py): keys/values heads-major [batch, heads, length, head_dim]; the cache index
-# and decoder position are scalars.
-CACHE_KV_AXES = ("batch", "heads", "length", "kv")
-
-
-def decode_cache_shardings(cache: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Any:
-    """NamedShardings for a decode cache (arrays or ShapeDtypeStructs), derived from the rules like the training
-    shardings: split along 'batch' (data x fsdp), scalars (cache index, position) replicated.
-
-    Keys/values [batch, heads, length, head_dim] take ('batch', 'heads', 'length', 'kv'), so under the tensor rules
-    their heads are split too, matching the Q/K/V projections; other arrays split dimension 0 along 'batch'. A
-    dimension that its mesh axes do not divide (e.g. a decode batch smaller than data x fsdp) is replicated
-    instead, as in decoding/cache.py.
+def logical_tree_shardings(logical_specs: Any, tree: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Any:
+    """NamedShardings of the arrays (or ShapeDtypeStructs) of `tree` whose dimensions have the logical names in
+    `logical_specs` (a PartitionSpec of names per array, in the tree's structure), from the rules like the
+    parameters' shardings. A dimension its mesh axes do not divide (e.g. a decode batch smaller than data x fsdp)
+    is replicated instead. The decode cache declares its names (decoding/cache.cache_shardings).
     """
 
-    def sharding(leaf):
-        shape = tuple(leaf.shape)
-        if not shape:
-            return replicated(mesh)
-        axes = CACHE_KV_AXES if len(shape) == 4 else ("batch",) + (None,) * (len(shape) - 1)
+    def sharding(logical: PartitionSpec, leaf) -> NamedSharding:
         spec = []
-        for size, entry in zip(shape, nn.logical_to_mesh_axes(axes, rules)):
+        for size, entry in zip(leaf.shape, _mesh_spec(tuple(logical), rules)):
             names = mesh_axis_names(entry)
             shards = int(np.prod([mesh.shape[name] for name in names])) if names else 1
             spec.append(entry if size % shards == 0 else None)
         return NamedSharding(mesh, PartitionSpec(*spec))
 
-    return jax.tree.map(sharding, cache)
+    return jax.tree.map(sharding, logical_specs, tree, is_leaf=lambda node: isinstance(node, PartitionSpec))
 
 
 def per_device_bytes(tree: Any) -> dict[str, int]:

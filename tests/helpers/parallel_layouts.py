@@ -116,10 +116,10 @@ def adam_state_bytes(mesh, rules) -> dict:
 
 
 def cache_layout(mesh, rules, params, batch: int = 8) -> dict:
-    """Decode-cache shardings (parallel.decode_cache_shardings) of a batch of 8 sources, placed on the mesh."""
+    """Decode-cache shardings (decoding.cache_shardings) of a batch of 8 sources, placed on the mesh."""
     import jax.numpy as jnp
 
-    from transformer_jax.decoding.cache import init_cache
+    from transformer_jax.decoding.cache import cache_shardings, init_cache
 
     model = Transformer(model_config())
 
@@ -128,14 +128,14 @@ def cache_layout(mesh, rules, params, batch: int = 8) -> dict:
         return init_cache(model, params, encoded, inputs, TGT_LEN)
 
     abstract = jax.eval_shape(make, params, jax.ShapeDtypeStruct((batch, SRC_LEN), jnp.int32))
-    shardings = parallel.decode_cache_shardings(abstract, mesh, rules)
+    shardings = cache_shardings(abstract, mesh, rules)
     placed = jax.tree.map(lambda a, s: jax.device_put(np.zeros(a.shape, a.dtype), s), abstract, shardings)
     layer = placed["decoder"]["layer_0"]
     out = {}
     for name, leaf in (
-        ("cached_key", layer["self_attention"]["cached_key"]),
-        ("memory_key", layer["cross_attention"]["memory_key"]),
-        ("cache_index", layer["self_attention"]["cache_index"]),
+        ("cached_key", layer["self_attention"]["keys_values"].key),
+        ("memory_key", layer["cross_attention"]["memory"].key),
+        ("cache_index", layer["self_attention"]["keys_values"].index),
     ):
         out[name] = {
             "shape": list(leaf.shape),

@@ -38,11 +38,9 @@ from transformer_jax.decoding.cache import (
     as_params,
     constrain_cache,
     encode,
-    gather_beams,
     init_cache,
     reorder_cache,
     transformer_step_fn,
-    with_lineage,
 )
 from transformer_jax.decoding.config import (
     NEG_INF,
@@ -51,6 +49,7 @@ from transformer_jax.decoding.config import (
     per_sentence_limits,
     resolve_max_decode_len,
 )
+from transformer_jax.decoding.kv_cache import gather_beams
 
 
 class BeamState(NamedTuple):
@@ -220,9 +219,10 @@ def _beam_search(
     cfg = model.config
     encoded = encode(model, params, inputs)  # [batch, src_len, d_model]
     # The encoder runs once per sentence, and its cross-attention keys/values are stored once per sentence and
-    # shared by its hypotheses (layers.attention groups the query rows); only the source ids are repeated.
+    # shared by its hypotheses (layers.attention groups the query rows); only the source ids are repeated. The
+    # hypotheses' self-attention keys stay where they were computed, in one group per sentence (kv_cache.KVCache).
     flat_inputs = _repeat_for_beams(inputs, beam_size)  # [batch * beam, src_len]
-    cache = with_lineage(init_cache(model, params, encoded, flat_inputs, max_decode_len), beam_size)
+    cache = init_cache(model, params, encoded, flat_inputs, max_decode_len, beam_size=beam_size)
     return beam_search_core(
         transformer_step_fn(model, params, encoded, flat_inputs),
         cache,

@@ -5,12 +5,11 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from transformer_jax.config import ModelConfig
+from transformer_jax.decoding.kv_cache import KVCache, MemoryCache
 from transformer_jax.layers.init import bias_init, kernel_init
 from transformer_jax.layers.linear import dense_dot_general
-from transformer_jax.layers.masks import combine_masks
 
 
 def _masked_softmax(scores: jnp.ndarray, mask: jnp.ndarray | None) -> jnp.ndarray:
@@ -37,9 +36,9 @@ def cached_attention_weights(query: jnp.ndarray, key: jnp.ndarray, mask: jnp.nda
     """attention_weights against a decode cache in heads-major order.
 
     query: [rows, q_len, heads, head_dim] (q_len 1 at a decode step); key: [groups, heads, kv_len, head_dim], read
-    by g = rows / groups consecutive query rows (g > 1: the hypotheses of one source in beam search share its
-    encoder keys and its block of self-attention keys, decoding/cache.py). Heads-major keys make a decode step one
-    batched dot over the cache as stored. mask: broadcastable to [rows, heads, q_len, kv_len].
+    by g = rows / groups consecutive query rows (g > 1: rows that share one group of cached keys,
+    decoding/kv_cache.py). Heads-major keys make a decode step one batched dot over the cache as stored.
+    mask: broadcastable to [rows, heads, q_len, kv_len].
     Returns [rows, heads, q_len, kv_len].
     """
     groups, heads, kv_len, head_dim = key.shape
@@ -112,10 +111,11 @@ def dot_product_attention(
 class MultiHeadAttention(nn.Module):
     """h parallel heads of width d_k = d_model / h with separate Q, K, V, O projections (§3.2.2).
 
-    `attn(x)` is self-attention, `attn(x, memory)` is cross-attention. With `decode=True`, self-attention
-    appends this step's key/value to a cache of the full decode length, and cross-attention projects the
-    memory's keys/values once and reuses them at every later step ('cache' collection). The attention
-    weights are sown into the 'intermediates' collection when it is mutable.
+    `attn(x)` is self-attention, `attn(x, memory)` is cross-attention. With `decode=True` the keys/values live in
+    the 'cache' collection (decoding/kv_cache.py): self-attention appends this step's key/value to a KVCache of the
+    full decode length, whose `cache_block` consecutive rows share one group of keys (set when the first call
+    makes the cache); cross-attention projects the memory's keys/values once into a MemoryCache and reuses them
+    at every later step. The attention weights are sown into the 'intermediates' collection when it is mutable.
     """
 
     config: ModelConfig
@@ -141,12 +141,13 @@ class MultiHeadAttention(nn.Module):
         mask: jnp.ndarray | None = None,
         deterministic: bool = True,
         decode: bool = False,
+        cache_block: int = 1,
     ) -> jnp.ndarray:
         cfg = self.config
         query = self._projection("query")(inputs_q)  # [batch, q_len, heads, head_dim]
         if decode:  # keys/values from the cache, heads-major [groups, heads, kv_len, head_dim]; no dropout
             if inputs_kv is None:
-                key, value, mask = self._append_to_cache(inputs_q, mask)
+                key, value, mask = self._append_to_cache(inputs_q, mask, cache_block)
             else:
                 key, value = self._cached_memory(inputs_kv)
             weights = cached_attention_weights(query, key, mask)  # [batch, heads, q_len, kv_len]
@@ -179,66 +180,32 @@ class MultiHeadAttention(nn.Module):
             bias_init=bias_init(("embed",)),
         )(attended)  # [batch, q_len, d_model]
 
+    def _projected(self, name: str, inputs: jnp.ndarray) -> jnp.ndarray:
+        """Heads-major key or value projection: [batch, length, d_model] -> [batch, heads, length, head_dim]."""
+        return jnp.swapaxes(self._projection(name)(inputs), 1, 2)
+
     def _cached_memory(self, memory: jnp.ndarray):
         """Cross-attention keys/values of the encoder output [sources, heads, src_len, head_dim], projected on the
         first call only."""
-        if not self.has_variable("cache", "memory_key"):
-            for name in ("key", "value"):
-                projected = self._projection(name)(memory)  # [sources, src_len, heads, head_dim]
-                self.put_variable("cache", f"memory_{name}", jnp.swapaxes(projected, 1, 2))
-        return self.get_variable("cache", "memory_key"), self.get_variable("cache", "memory_value")
+        cache = self.variable(
+            "cache", "memory", lambda: MemoryCache(self._projected("key", memory), self._projected("value", memory))
+        )
+        return cache.value.key, cache.value.value
 
-    def _append_to_cache(self, inputs, mask):
-        """Self-attention decode step: project this step's key/value, write them at the cache index and return
-        the cache [groups, heads, max_length * block, head_dim] with the mask over it.
+    def _append_to_cache(self, inputs, mask, cache_block: int):
+        """Self-attention decode step: writes this step's key/value into the KVCache and returns its keys/values
+        [groups, heads, kv_len, head_dim] with the mask over them.
 
-        Each group's `block` consecutive query rows share one block of keys, position-major (the key of position t
-        written by row k of the block sits at t * block + k): block 1 (one row per sequence) unless
-        decoding/cache.with_lineage made it a beam search block. The first call (cache initialisation) sees the
-        full-length target and only sizes the cache; its output is not meaningful.
+        The first call (cache initialisation) sees the full-length target and only sizes the cache; its output is
+        not meaningful.
         """
-        key = self._projection("key")(inputs)  # [rows, q_len, heads, head_dim]
-        value = self._projection("value")(inputs)
-        key, value = jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2)  # [rows, heads, q_len, head_dim]
-        if not self.has_variable("cache", "cached_key"):
-            self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
-            self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
-            self.variable("cache", "cache_index", lambda: jnp.array(0, dtype=jnp.int32))
+        key, value = self._projected("key", inputs), self._projected("value", inputs)  # [rows, heads, q_len, d]
+        if not self.has_variable("cache", "keys_values"):
+            rows, heads, max_len, head_dim = key.shape
+            self.put_variable(
+                "cache", "keys_values", KVCache.empty(rows, heads, max_len, head_dim, key.dtype, cache_block)
+            )
             return key, value, mask
-        cached_key, cached_value = self.variable("cache", "cached_key"), self.variable("cache", "cached_value")
-        cache_index = self.variable("cache", "cache_index")
-        groups, heads, _, head_dim = cached_key.value.shape
-        block = self.get_variable("cache", "lineage").shape[1] if self.has_variable("cache", "lineage") else 1
-        index = cache_index.value
-
-        def write(cache, new):  # new: [rows, heads, 1, head_dim] -> positions index * block ... + block - 1
-            new = jnp.swapaxes(new[:, :, 0].reshape(groups, block, heads, head_dim), 1, 2)  # [groups, heads, block, d]
-            return lax.dynamic_update_slice(cache, new.astype(cache.dtype), (0, 0, index * block, 0))
-
-        cached_key.value = write(cached_key.value, key)
-        cached_value.value = write(cached_value.value, value)
-        cache_index.value = index + 1
-        max_length = cached_key.value.shape[2] // block
-        filled = jnp.arange(max_length) <= index  # [max_length]
-        if block == 1:
-            return cached_key.value, cached_value.value, combine_masks(mask, filled[None, None, None, :])
-        if mask is not None:  # a mask over positions applies in whichever row of the block holds the position
-            mask = jnp.repeat(mask, block, axis=-1)
-        return cached_key.value, cached_value.value, combine_masks(mask, self._lineage_mask(filled, index))
-
-    def _lineage_mask(self, filled, index):
-        """Beam search without moving the cache (decoding/cache.py: with_lineage).
-
-        Rows keep the keys/values they computed; `lineage` [sources, beam, max_length] says, for the hypothesis
-        now in row j of a source's block of `beam` rows, which row of the block holds its position s. Each
-        hypothesis reads all keys of its block, masked to its own positions: beam times the (small) attention
-        reads of a decode step instead of copying the whole cache at every step. Returns the mask
-        [rows, 1, 1, max_length * beam] over the block's keys (position-major, as _append_to_cache stores them).
-        """
-        lineage = self.get_variable("cache", "lineage")  # [sources, beam, max_length]
-        sources, beam, max_length = lineage.shape
-        own_rows = jnp.broadcast_to(jnp.arange(beam, dtype=lineage.dtype)[None, :, None], (sources, beam, 1))
-        lineage = lax.dynamic_update_slice(lineage, own_rows, (0, 0, index))  # this step's key/value: its own row
-        self.put_variable("cache", "lineage", lineage)
-        holds = lineage[:, :, :, None] == jnp.arange(beam)  # [sources, beam (row j), max_length, beam (row k)]
-        return (holds & filled[:, None]).reshape(sources * beam, 1, 1, max_length * beam)
+        cache: nn.Variable[KVCache] = self.variable("cache", "keys_values")
+        cache.value, mask = cache.value.append(key, value, mask)
+        return cache.value.key, cache.value.value, mask

@@ -1,0 +1,139 @@
+"""The typed decode cache of one attention layer: its layout, its logical axes, and how hypotheses reorder it.
+
+`layers/attention.py` keeps a KVCache (self-attention) or a MemoryCache (cross-attention) in the Flax 'cache'
+collection and reads and writes keys/values only through them. Keys/values are heads-major
+[groups, heads, length, head_dim], so a decode step reads them with batched dots as stored; each group is
+`block` consecutive decoded rows that read it together (block 1: one row per sequence; block beam: the
+hypotheses of one source in beam search, decoding/beam.py).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+from jax import lax
+from jax.sharding import PartitionSpec
+
+# Logical names of the dimensions of keys/values [groups, heads, length, head_dim]; parallel.py's rule tables map
+# them to mesh axes, as they do the parameters' names.
+KV_AXES = PartitionSpec("batch", "heads", "length", "kv")
+
+
+def gather_beams(x: jnp.ndarray, indices: jnp.ndarray, *, one_hot: bool = False) -> jnp.ndarray:
+    """x: [batch, old_beam, ...], indices: [batch, new_beam] -> [batch, new_beam, ...] = x[b, indices[b, j]].
+
+    Both forms gather within each batch row only, so a batch-sharded array needs no communication.
+    'one_hot' multiplies by a [batch, new_beam, old_beam] selection matrix (matmul units, exact at HIGHEST).
+    """
+    if one_hot:
+        selection = jax.nn.one_hot(indices, x.shape[1], dtype=jnp.float32)  # [batch, new_beam, old_beam]
+        if jnp.issubdtype(x.dtype, jnp.floating):
+            return jnp.einsum("bno,bo...->bn...", selection.astype(x.dtype), x, precision=jax.lax.Precision.HIGHEST)
+        return jnp.einsum("bno,bo...->bn...", selection.astype(jnp.int32), x.astype(jnp.int32)).astype(x.dtype)
+    expanded = indices.reshape(indices.shape + (1,) * (x.ndim - 2))  # [batch, new_beam, 1, ...]
+    return jnp.take_along_axis(x, expanded, axis=1)
+
+
+def gather_rows(x: jnp.ndarray, indices: jnp.ndarray, *, one_hot: bool = False) -> jnp.ndarray:
+    """gather_beams on flattened rows: x [batch * old_beam, ...] -> [batch * new_beam, ...], row (b, j) from
+    row (b, indices[b, j])."""
+    batch, new_beam = indices.shape
+    per_beam = x.reshape((batch, -1) + x.shape[1:])  # [batch, old_beam, ...]
+    return gather_beams(per_beam, indices, one_hot=one_hot).reshape((batch * new_beam,) + x.shape[1:])
+
+
+class KVCache(struct.PyTreeNode):
+    """Self-attention keys/values of every position decoded so far, one position per step (§3.2.3: a position
+    attends to the positions up to and including itself).
+
+    key, value: [groups, heads, max_len * block, head_dim]; the key of position t written by row k of a group sits
+    at t * block + k, so a step writes one contiguous slice and nothing is ever moved.
+    lineage: [groups, block, max_len] int32: for the hypothesis now in row j of a group, which row of the group
+    holds its position s. Reordering hypotheses moves this small table, not the keys (`reorder`).
+    index: [] int32, the next position.
+    """
+
+    key: jax.Array
+    value: jax.Array
+    lineage: jax.Array
+    index: jax.Array
+    block: int = struct.field(pytree_node=False)
+
+    @classmethod
+    def empty(cls, rows: int, heads: int, max_len: int, head_dim: int, dtype, block: int = 1) -> KVCache:
+        """Room for `max_len` positions of `rows` decoded rows, in groups of `block` consecutive rows."""
+        if rows % block:
+            raise ValueError(f"{rows} decoded rows do not split into groups of block={block}.")
+        groups = rows // block
+        keys = jnp.zeros((groups, heads, max_len * block, head_dim), dtype)  # [groups, heads, max_len * block, d]
+        return cls(
+            key=keys,
+            value=keys,
+            lineage=jnp.zeros((groups, block, max_len), jnp.int32),
+            index=jnp.array(0, jnp.int32),
+            block=block,
+        )
+
+    def append(self, key: jnp.ndarray, value: jnp.ndarray, mask: jnp.ndarray | None = None):
+        """Writes this step's key/value [rows, heads, 1, head_dim] at `index`.
+
+        Returns the new cache and the mask [rows, 1 | heads, 1, max_len * block] over its keys: each row sees the
+        positions written so far of its own hypothesis (its lineage). `mask`, over positions (broadcastable to
+        [rows, heads, 1, max_len]), also applies, in whichever row of the group holds the position.
+        """
+        groups, heads, _, head_dim = self.key.shape
+        block, max_len = self.block, self.lineage.shape[-1]
+
+        def write(cache, new):  # new: [rows, heads, 1, head_dim] -> positions index * block ... + block - 1
+            new = jnp.swapaxes(new[:, :, 0].reshape(groups, block, heads, head_dim), 1, 2)  # [groups, heads, block, d]
+            return lax.dynamic_update_slice(cache, new.astype(cache.dtype), (0, 0, self.index * block, 0))
+
+        own_rows = jnp.broadcast_to(jnp.arange(block, dtype=jnp.int32)[None, :, None], (groups, block, 1))
+        lineage = lax.dynamic_update_slice(self.lineage, own_rows, (0, 0, self.index))  # this step: its own row
+        filled = jnp.arange(max_len) <= self.index  # [max_len]
+        holds = lineage[:, :, :, None] == jnp.arange(block)  # [groups, block (row j), max_len, block (row k)]
+        visible = (holds & filled[:, None]).reshape(groups * block, 1, 1, max_len * block)
+        if mask is not None:
+            visible = visible & jnp.repeat(mask, block, axis=-1)
+        cache = self.replace(
+            key=write(self.key, key), value=write(self.value, value), lineage=lineage, index=self.index + 1
+        )
+        return cache, visible
+
+    def reorder(self, indices: jnp.ndarray, *, one_hot: bool = False) -> KVCache:
+        """Hypothesis j of sentence b continues hypothesis indices[b, j] ([batch, beam]).
+
+        In groups of the beam, only the lineage moves: each hypothesis reads its parent's rows of the group's
+        keys. With block 1 each row owns its keys, and they are copied to the rows of their continuations.
+        """
+        if self.block == 1:
+            key, value, lineage = (
+                gather_rows(x, indices, one_hot=one_hot) for x in (self.key, self.value, self.lineage)
+            )
+            return self.replace(key=key, value=value, lineage=lineage)
+        if indices.shape != self.lineage.shape[:2]:
+            raise ValueError(
+                f"reorder indices {indices.shape} do not match the groups of the cache: {self.lineage.shape[:2]}."
+            )
+        return self.replace(lineage=gather_beams(self.lineage, indices, one_hot=one_hot))
+
+    def logical_axes(self) -> KVCache:
+        """The logical names of each array's dimensions (PartitionSpecs), in the cache's own structure."""
+        return self.replace(
+            key=KV_AXES, value=KV_AXES, lineage=PartitionSpec("batch", None, "length"), index=PartitionSpec()
+        )
+
+
+class MemoryCache(struct.PyTreeNode):
+    """Cross-attention keys/values of the encoder output [sources, heads, src_len, head_dim], projected once per
+    source and read by all its decoded rows (its hypotheses in beam search): reordering leaves them."""
+
+    key: jax.Array
+    value: jax.Array
+
+    def reorder(self, indices: jnp.ndarray, *, one_hot: bool = False) -> MemoryCache:
+        return self
+
+    def logical_axes(self) -> MemoryCache:
+        return self.replace(key=KV_AXES, value=KV_AXES)
