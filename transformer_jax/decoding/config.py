@@ -49,8 +49,3 @@ def per_sentence_limits(inputs: jnp.ndarray, pad_id: int, extra_length: int, max
     """
     source_lengths = jnp.sum(inputs != pad_id, axis=-1).astype(jnp.int32)  # [batch]
     return jnp.clip(source_lengths + extra_length, 1, max_decode_len)
-
-
-def sequence_lengths(sequences: jnp.ndarray, pad_id: int) -> jnp.ndarray:
-    """Lengths (EOS included) of pad-filled outputs [..., len]; decoders never emit pad inside a sequence."""
-    return jnp.sum(sequences != pad_id, axis=-1).astype(jnp.int32)
