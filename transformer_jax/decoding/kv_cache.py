@@ -48,7 +48,7 @@ class KVCache(struct.PyTreeNode):
     attends to the positions up to and including itself).
 
     key, value: [groups, heads, max_len * block, head_dim]; the key of position t written by row k of a group sits
-    at t * block + k, so a step writes one contiguous slice and nothing is ever moved.
+    at t * block + k, so a step writes one contiguous slice.
     lineage: [groups, block, max_len] int32: for the hypothesis now in row j of a group, which row of the group
     holds its position s. Reordering hypotheses moves this small table, not the keys (`reorder`).
     index: [] int32, the next position.
