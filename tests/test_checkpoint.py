@@ -7,16 +7,9 @@ import optax
 import pytest
 
 from transformer_jax import parallel
-from transformer_jax.checkpoint import (
-    Checkpointer,
-    CheckpointMismatchError,
-    average_last,
-    average_params,
-    describe_mismatch,
-    load_config,
-    save_config,
-)
+from transformer_jax.checkpoint import Checkpointer, CheckpointMismatchError, NonFiniteStateError, describe_mismatch
 from transformer_jax.train.state import TrainState
+from transformer_jax.workdir import average_last, average_params, load_config, save_config
 
 
 def make_state(width=3, seed=0):
@@ -53,6 +46,22 @@ def test_round_trip_is_exact_and_keeps_last_n(tmp_path):
     jax.tree.map(np.testing.assert_array_equal, restored.opt_state, state.opt_state)
     np.testing.assert_array_equal(restored.rng, state.rng)
     assert isinstance(restored.opt_state[0], optax.ScaleByAdamState)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_state_that_is_not_finite_is_never_saved(tmp_path, bad):
+    checkpointer = Checkpointer(tmp_path, keep=1, async_save=True)
+    checkpointer.save(1, make_state())
+    broken = make_state()
+    broken = broken.replace(params={**broken.params, "norm": {"scale": jnp.array([1.0, bad])}})
+    with pytest.raises(NonFiniteStateError, match="update 2: .* not saved"):
+        checkpointer.save(2, broken)
+    moments = make_state().opt_state[0]._replace(nu=jax.tree.map(lambda x: x.at[0].set(bad), make_state().params))
+    with pytest.raises(NonFiniteStateError):  # an optimizer moment counts too
+        checkpointer.save(3, make_state().replace(opt_state=(moments, *make_state().opt_state[1:])))
+    checkpointer.wait()
+    assert checkpointer.all_steps() == [1]  # keep=1 did not rotate the good one out
+    checkpointer.close()
 
 
 def test_a_new_manager_finds_the_saved_steps(tmp_path):

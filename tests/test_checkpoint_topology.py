@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from transformer_jax import checkpoint as ckpt
+from transformer_jax import workdir as ckpt
 
 HELPER = Path(__file__).parent / "helpers" / "checkpoint_topology.py"
 pytestmark = pytest.mark.xdist_group("checkpoint_topology")

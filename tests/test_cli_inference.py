@@ -12,8 +12,8 @@ import pytest
 import sacrebleu
 from conftest import tiny_run_overrides
 
-from transformer_jax import checkpoint as ckpt
 from transformer_jax import cli
+from transformer_jax import workdir as ckpt
 from transformer_jax.train import loop
 from transformer_jax.translate import Translator
 

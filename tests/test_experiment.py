@@ -17,8 +17,8 @@ from transformer_jax.experiment import (
     apply_overrides,
     load_config_file,
     load_experiment,
-    resume_changes,
 )
+from transformer_jax.workdir import load_config, resume_changes
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 
@@ -135,7 +135,7 @@ def test_config_json_of_version_0_1_replays_and_resumes(tmp_path):
     old["train"].update(old.pop("optimizer"))
     (tmp_path / "config.json").write_text(json.dumps(old))
     assert load_config_file(tmp_path / "config.json").to_dict() == today
-    assert resume_changes(old, today) == ([], [])
+    assert resume_changes(load_config(tmp_path), today) == ([], [])
 
 
 def test_resume_refuses_model_and_data_changes_and_reports_the_rest():

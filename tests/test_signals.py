@@ -24,6 +24,7 @@ import pytest
 from conftest import tiny_run_overrides
 
 from transformer_jax import checkpoint as ckpt
+from transformer_jax.workdir import load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 TRIALS = 20
@@ -158,7 +159,7 @@ def check_exit(process: subprocess.Popen, output: _Collector, workdir: Path, tri
     if process.returncode == 143 and last_logged_update(workdir) > 0:
         assert saved_steps(workdir)[-1:] == [last_logged_update(workdir)], (trial, err[-2000:])
     if saved_steps(workdir):
-        ckpt.load_params(workdir)
+        load_params(workdir)
     return process.returncode
 
 

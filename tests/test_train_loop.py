@@ -13,10 +13,11 @@ import pytest
 from conftest import SMALL_CORPUS, tiny_run_overrides
 
 from transformer_jax import cli
-from transformer_jax.checkpoint import CheckpointDamagedError, CheckpointMismatchError, load_model_for_inference
+from transformer_jax.checkpoint import CheckpointDamagedError, CheckpointMismatchError
 from transformer_jax.experiment import ConfigError
 from transformer_jax.train import loop
 from transformer_jax.train.progress import read_metrics
+from transformer_jax.workdir import load_model_for_inference
 
 STEPS = 6
 NO_BLEU = {"train.bleu_every": 0, "train.final_bleu": "none"}  # decoding is tested on its own below

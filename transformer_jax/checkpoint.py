@@ -1,44 +1,47 @@
-"""Orbax checkpoints of a training run, and loading a trained model from its workdir.
-
-Layout of a workdir:
-
-    {workdir}/config.json          resolved experiment config (model section complete: vocab and special ids)
-    {workdir}/spm.model            the SentencePiece model (data/tokenizer.py)
-    {workdir}/checkpoints/{step}/  state/ (TrainState: params, opt_state, step, rng, ...), data/ (iterator JSON)
-    {workdir}/averaged/            params averaged over the last N checkpoints (`transformer-jax average`)
-    {workdir}/imported/            params loaded from a torch state_dict (`transformer-jax import-torch`)
+"""Orbax checkpoints of a training run: {workdir}/checkpoints/{step}/ holds state/ (TrainState: params,
+opt_state, step, rng, ...) and data/ (the batch iterator's position, JSON); the rest of a workdir is workdir.py's.
 
 Saves are asynchronous (orbax writes in a background thread while training continues); the last `keep`
 checkpoints are kept. Before anything is restored or overwritten, `check_compatible` compares the shapes of
-the saved parameters with those the config asks for and names every difference.
+the saved parameters with those the config asks for and names every difference. A state whose parameters
+are not all finite is never saved (`NonFiniteStateError`), so a diverged run cannot rotate good checkpoints out.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 import flax
 import jax
-import numpy as np
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
+
+from transformer_jax.errors import UserError
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = "checkpoints"
-CONFIG_FILENAME = "config.json"
-# Parameter sets stored beside the training checkpoints, selected by name instead of a step.
-NAMED_PARAMS = ("averaged", "imported")
 
 
-class CheckpointMismatchError(ValueError):
+class CheckpointMismatchError(UserError, ValueError):
     """A saved checkpoint does not fit the configured model."""
 
 
-class CheckpointDamagedError(ValueError):
+class CheckpointDamagedError(UserError, ValueError):
     """A checkpoint's files cannot be read back (truncated, emptied or missing)."""
+
+
+class NonFiniteStateError(UserError, FloatingPointError):
+    """A state to save holds NaN or infinity."""
+
+
+@jax.jit
+def all_finite(tree: Any) -> jax.Array:
+    """True when every floating-point entry of `tree` is finite (one reduction, wherever the arrays live)."""
+    checks = [jnp.isfinite(leaf).all() for leaf in jax.tree.leaves(tree) if jnp.issubdtype(leaf.dtype, jnp.inexact)]
+    return jnp.stack(checks).all() if checks else jnp.array(True)
 
 
 def _flat_shapes(tree: Any, prefix: str = "") -> dict[str, tuple[int, ...]]:
@@ -104,7 +107,12 @@ class Checkpointer:
             )
 
     def save(self, step: int, state: Any, data_state: dict | None = None, *, wait: bool = False) -> None:
-        """Starts an (async) save of the state and the data position at `step`."""
+        """Starts an (async) save of the state and the data position at `step`; refuses a non-finite state."""
+        if not bool(all_finite(state)):
+            raise NonFiniteStateError(
+                f"update {step}: the parameters or optimizer state hold NaN or infinity (the run diverged); "
+                f"not saved, so the checkpoints in {self.directory} ({self.all_steps()}) stay as they were."
+            )
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(flax.serialization.to_state_dict(state)),
             data=ocp.args.JsonSave(data_state or {}),
@@ -219,143 +227,3 @@ def on_first_device(metadata_tree: Any) -> Any:
         metadata_tree,
         is_leaf=lambda leaf: hasattr(leaf, "shape") and hasattr(leaf, "dtype"),
     )
-
-
-def save_json(path: Path, value: dict) -> None:
-    """Writes JSON atomically (a temporary file renamed over the old one)."""
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(value, indent=2, sort_keys=True, default=str))
-    tmp.replace(path)
-
-
-def save_config(workdir: str | Path, config: dict) -> None:
-    save_json(Path(workdir) / CONFIG_FILENAME, config)
-
-
-def load_config(workdir: str | Path) -> dict:
-    path = Path(workdir) / CONFIG_FILENAME
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: is {workdir} the --workdir of a `transformer-jax train` run?")
-    return json.loads(path.read_text())
-
-
-def model_config_from_workdir(workdir: str | Path):
-    """The ModelConfig a run in `workdir` trained (from config.json's complete model section)."""
-    from transformer_jax.config import ModelConfig
-
-    fields = dict(load_config(workdir)["model"])
-    fields.pop("preset", None)
-    return ModelConfig(**fields)
-
-
-def load_params(workdir: str | Path, checkpoint: int | str | None = None) -> Any:
-    """Parameters of a run: checkpoint None = the latest step, an int (or digits) = that step, or one of
-    NAMED_PARAMS ('averaged' from `transformer-jax average`, 'imported' from `import-torch`)."""
-    workdir = Path(workdir)
-    if isinstance(checkpoint, str) and checkpoint in NAMED_PARAMS:
-        return restore_named_params(workdir, checkpoint)
-    if isinstance(checkpoint, str) and not checkpoint.isdigit():
-        raise ValueError(
-            f"checkpoint={checkpoint!r}: use a step number, one of {NAMED_PARAMS}, or nothing for the latest."
-        )
-    checkpointer = Checkpointer(workdir, keep=None, async_save=False)
-    try:
-        step = None if checkpoint is None else int(checkpoint)
-        if step is not None and step not in checkpointer.all_steps():
-            raise FileNotFoundError(
-                f"No checkpoint at step {step} in {checkpointer.directory}; available steps: "
-                f"{checkpointer.all_steps()}."
-            )
-        return checkpointer.restore_params(step)
-    finally:
-        checkpointer.close()
-
-
-def load_model_for_inference(workdir: str | Path, checkpoint: int | str | None = None):
-    """(ModelConfig, params, tokenizer) of the run in `workdir` (checkpoint as in `load_params`).
-
-    params is a nested dict of arrays for `Transformer(model_config).apply({'params': params}, ...)`.
-    """
-    from transformer_jax.data.tokenizer import MODEL_FILENAME, Tokenizer
-
-    workdir = Path(workdir)
-    model_config = model_config_from_workdir(workdir)
-    params = load_params(workdir, checkpoint)
-    tokenizer = Tokenizer.from_bytes((workdir / MODEL_FILENAME).read_bytes())
-    return model_config, params, tokenizer
-
-
-def average_params(workdir: str | Path, steps: list[int] | None = None, last: int | None = None) -> Any:
-    """Element-wise mean of the parameters of several checkpoints (paper §6.1 averages the last 5 / 20).
-
-    steps: explicit steps; else the `last` most recent ones (default all kept).
-    """
-    checkpointer = Checkpointer(workdir, keep=None, async_save=False)
-    try:
-        available = checkpointer.all_steps()
-        chosen = steps if steps is not None else available[-last:] if last else available
-        missing = sorted(set(chosen) - set(available))
-        if missing or not chosen:
-            raise FileNotFoundError(
-                f"Checkpoints {missing or chosen} not in {checkpointer.directory}; available steps: {available}."
-            )
-        total = None
-        for step in chosen:
-            params = jax.tree.map(lambda x: np.asarray(x, np.float64), checkpointer.restore_params(step))
-            total = params if total is None else jax.tree.map(np.add, total, params)
-        return jax.tree.map(lambda x: (x / len(chosen)).astype(np.float32), total)
-    finally:
-        checkpointer.close()
-
-
-def average_last(workdir: str | Path, last: int, *, from_fraction: float = 0.0) -> tuple[list[int], Path]:
-    """Averages the `last` most recent checkpoints into {workdir}/averaged (`--checkpoint averaged`).
-
-    from_fraction: only checkpoints at or after this fraction of the latest step count (0.5: the second half
-    of the run), so a short run does not average in checkpoints from before its curve flattened.
-    Returns (the steps averaged, the directory written); fewer than `last` checkpoints average what exists,
-    with a warning.
-    """
-    if last < 1:
-        raise ValueError(f"last={last}: average 1 or more of the latest checkpoints.")
-    if not 0.0 <= from_fraction <= 1.0:
-        raise ValueError(f"from_fraction={from_fraction}: give a fraction of the run in [0, 1].")
-    if not (Path(workdir) / CHECKPOINT_DIR).is_dir():
-        raise FileNotFoundError(
-            f"{Path(workdir) / CHECKPOINT_DIR} not found: is {workdir} the --workdir of a `transformer-jax train` run?"
-        )
-    checkpointer = Checkpointer(workdir, keep=None, async_save=False)
-    try:
-        available = checkpointer.all_steps()
-    finally:
-        checkpointer.close()
-    first = from_fraction * available[-1] if available else 0.0
-    steps = [step for step in available if step >= first][-last:]
-    if len(steps) < last:
-        logger.warning(
-            "only %d checkpoints in %s at or after step %d; averaging %s.", len(steps), workdir, first, steps
-        )
-    return steps, save_named_params(workdir, "averaged", average_params(workdir, steps=steps), steps)
-
-
-def save_named_params(workdir: str | Path, name: str, params: Any, steps: list[int]) -> Path:
-    """Writes a named parameter set (NAMED_PARAMS) to {workdir}/{name}, and {name}.json with the steps it
-    came from (none for imported parameters)."""
-    if name not in NAMED_PARAMS:
-        raise ValueError(f"name={name!r} is not one of {NAMED_PARAMS}.")
-    directory = Path(workdir).absolute() / name
-    with ocp.StandardCheckpointer() as checkpointer:
-        checkpointer.save(directory, {"params": params}, force=True)
-    save_json(directory.with_suffix(".json"), {"steps": list(steps)})
-    return directory
-
-
-def restore_named_params(workdir: str | Path, name: str) -> Any:
-    directory = Path(workdir).absolute() / name
-    if not directory.is_dir():
-        command = "average" if name == "averaged" else "import-torch"
-        raise FileNotFoundError(f"{directory} not found: run `transformer-jax {command} --workdir {workdir}` first.")
-    with ocp.StandardCheckpointer() as checkpointer:
-        metadata = checkpointer.metadata(directory)
-        tree = getattr(metadata, "item_metadata", metadata)  # StepMetadata -> the tree of array metadata
-        return checkpointer.restore(directory, on_first_device(getattr(tree, "tree", tree)))["params"]

@@ -23,8 +23,11 @@ import os
 import re
 import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from transformer_jax.errors import UsageError, UserError
 
 Handler = Callable[[argparse.Namespace], "int | None"]
 Declare = Callable[[argparse.ArgumentParser], Handler]
@@ -284,36 +287,36 @@ def _evaluation_pairs(args: argparse.Namespace) -> tuple[str, list[tuple[str, st
     from transformer_jax.data.local_files import read_lines
 
     if bool(args.source_file) != bool(args.reference_file):
-        raise ValueError("--source-file and --reference-file go together.")
+        raise UsageError("--source-file and --reference-file go together.")
     if args.source_file:
         sources = list(read_lines(Path(args.source_file)))
         references = list(read_lines(Path(args.reference_file)))
         if len(sources) != len(references):
-            raise ValueError(
+            raise UsageError(
                 f"{args.source_file} has {len(sources)} lines but {args.reference_file} has "
                 f"{len(references)}; they must pair up line by line."
             )
         return Path(args.source_file).stem, list(zip(sources, references))
-    from transformer_jax import checkpoint as ckpt
+    from transformer_jax import workdir
     from transformer_jax.data.sources import source_from_config
     from transformer_jax.experiment import Experiment
 
-    data = Experiment.from_dict(ckpt.load_config(args.workdir)).data
+    data = Experiment.from_dict(workdir.load_config(args.workdir)).data
     return args.split, list(source_from_config(data, splits=(args.split,)).pairs(args.split))
 
 
 def _run_evaluate(args: argparse.Namespace) -> int:
-    from transformer_jax import checkpoint as ckpt
+    from transformer_jax import workdir
     from transformer_jax.evaluation import evaluate_pairs, save_evaluation
 
     check_workdir(args.workdir, writable=True)  # eval/ is written after decoding: fail now, not then
     name, pairs = _evaluation_pairs(args)
     if not pairs:
-        raise ValueError(f"nothing to score: {name} has no sentence pairs (empty files?).")
+        raise UsageError(f"nothing to score: {name} has no sentence pairs (empty files?).")
     translator = _translator(args)
     method = "greedy" if args.greedy else f"beam{args.beam_size}-alpha{args.alpha}"
     started = time.perf_counter()
-    target_lang = ckpt.load_config(args.workdir)["data"].get("target_lang")
+    target_lang = workdir.load_config(args.workdir)["data"].get("target_lang")
     evaluation = evaluate_pairs(translator, pairs, progress=True, moses_lang=target_lang)
     seconds = time.perf_counter() - started
     label = f"{name}.{args.checkpoint or 'latest'}.{method}"
@@ -350,7 +353,7 @@ def _average_command(parser: argparse.ArgumentParser) -> Handler:
 
 
 def _run_average(args: argparse.Namespace) -> int:
-    from transformer_jax import checkpoint as ckpt
+    from transformer_jax import workdir
 
     if args.last < 1:
         print(
@@ -362,7 +365,7 @@ def _run_average(args: argparse.Namespace) -> int:
         print(f"error: --from-fraction {args.from_fraction}: give a fraction of the run in [0, 1].", file=sys.stderr)
         return 2
     check_workdir(args.workdir, writable=True)
-    steps, directory = ckpt.average_last(args.workdir, args.last, from_fraction=args.from_fraction)
+    steps, directory = workdir.average_last(args.workdir, args.last, from_fraction=args.from_fraction)
     print(f"averaged checkpoints {steps} into {directory}; use it with --checkpoint averaged")
     return 0
 
@@ -379,10 +382,10 @@ def _export_torch_command(parser: argparse.ArgumentParser) -> Handler:
 
 
 def _run_export_torch(args: argparse.Namespace) -> int:
-    from transformer_jax import checkpoint as ckpt
+    from transformer_jax import workdir
     from transformer_jax.interop import export_torch_state_dict
 
-    model_config, params, _ = ckpt.load_model_for_inference(args.workdir, args.checkpoint)
+    model_config, params, _ = workdir.load_model_for_inference(args.workdir, args.checkpoint)
     export_torch_state_dict(params, model_config, args.output)
     print(f"wrote {args.output}: load it into transformer_jax.interop.torch.TorchTransformer(config)")
     return 0
@@ -396,13 +399,13 @@ def _import_torch_command(parser: argparse.ArgumentParser) -> Handler:
 
 
 def _run_import_torch(args: argparse.Namespace) -> int:
-    from transformer_jax import checkpoint as ckpt
+    from transformer_jax import workdir
     from transformer_jax.interop import import_torch_state_dict
 
     check_workdir(args.workdir, writable=True)
-    model_config = ckpt.model_config_from_workdir(args.workdir)
+    model_config = workdir.model_config_from_workdir(args.workdir)
     params = import_torch_state_dict(args.input, model_config)
-    directory = ckpt.save_named_params(args.workdir, "imported", params, steps=[])
+    directory = workdir.save_named_params(args.workdir, "imported", params, steps=[])
     print(f"imported {args.input} into {directory}; use it with --checkpoint imported")
     return 0
 
@@ -471,20 +474,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_handler(handlers[args.command], args)
 
 
+BUG_EXIT_CODE = 70  # EX_SOFTWARE (sysexits.h): an internal error
+
+
 def run_handler(handler: Handler, args: argparse.Namespace) -> int:
-    """Runs a command; the errors a user can fix become one line on stderr and an exit code, never a traceback:
-    a bad config 2, anything else that names its problem (missing files, bad input, a failed start-up) 1."""
-    from transformer_jax.distributed import DistributedStartupError
+    """Runs a command. A mistake the user can fix (`errors.UserError`: a config, bad input, a busy workdir, a
+    failed start-up, a diverged run; a missing or unreadable file; a missing extra) is one line on stderr, with
+    its traceback under -v, and exit 2 for a config, 1 otherwise. Anything else is a bug in this package: its
+    traceback, a line saying so, and exit BUG_EXIT_CODE."""
     from transformer_jax.experiment import ConfigError
 
     try:
         return int(handler(args) or 0)
-    except ConfigError as error:
-        print(f"config error: {error}", file=sys.stderr)
-        return 2
-    except (OSError, ValueError, ImportError, DistributedStartupError) as error:  # InputTooLongError is a ValueError
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    except (UserError, OSError, ImportError) as error:
+        if args.verbose:
+            traceback.print_exc()
+        is_config = isinstance(error, ConfigError)
+        print(f"{'config error' if is_config else 'error'}: {error}", file=sys.stderr)
+        return 2 if is_config else 1
+    except Exception:
+        traceback.print_exc()
+        print(
+            f"transformer-jax {args.command}: this is a bug in transformer_jax, not a problem with your input; "
+            "please report it with the traceback above.",
+            file=sys.stderr,
+        )
+        return BUG_EXIT_CODE
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from transformer_jax.errors import UserError
 from transformer_jax.experiment import DistributedConfig
 
 logger = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ ENV_PROCESS_ID = ("TJ_PROCESS_ID",)
 CLUSTER_HINTS = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
-class DistributedStartupError(RuntimeError):
+class DistributedStartupError(UserError, RuntimeError):
     """The processes of a multi-host run could not find each other; the message says what to check."""
 
 

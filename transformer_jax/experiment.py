@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from transformer_jax.config import ModelConfig
+from transformer_jax.errors import UserError
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """The experiment config is wrong; the message says which field and how to fix it."""
 
 
@@ -308,8 +309,8 @@ class Experiment:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> Experiment:
-        """From `to_dict()` output (a workdir's config.json); sections left out keep their defaults."""
-        values = _upgrade(values)
+        """From `to_dict()` output (a workdir's config.json, `workdir.load_config`); sections left out keep their
+        defaults."""
         unknown = sorted(set(values) - set(SECTIONS))
         if unknown:
             raise ConfigError(f"unknown config sections {unknown}; known: {sorted(SECTIONS)}.")
@@ -347,18 +348,6 @@ def _as_tuples(value: Any) -> Any:
     return value
 
 
-def _upgrade(values: Mapping[str, Any]) -> dict:
-    """A config.json of version 0.1 (one `train` section with the Adam fields, a model `preset` name) in today's
-    layout, so that older workdirs still replay and resume."""
-    values = {name: dict(section) for name, section in values.items()}
-    values.get("model", {}).pop("preset", None)
-    train = values.get("train", {})
-    moved = {name: train.pop(name) for name in [f.name for f in dataclasses.fields(OptimizerConfig)] if name in train}
-    if moved:
-        values["optimizer"] = {**moved, **values.get("optimizer", {})}
-    return values
-
-
 # --------------------------------------------------------------------------------------- files and overrides
 
 
@@ -368,8 +357,10 @@ def load_config_file(path: str | Path) -> Experiment:
     if not path.is_file():
         raise ConfigError(f"config file {path} not found; e.g. --config experiments/tiny.py")
     if path.suffix == ".json":
+        from transformer_jax.workdir import upgrade_config  # a workdir's config.json, of any version
+
         try:
-            return Experiment.from_dict(json.loads(path.read_text()))
+            return Experiment.from_dict(upgrade_config(json.loads(path.read_text())))
         except json.JSONDecodeError as error:
             raise ConfigError(f"{path} is not valid JSON ({error}).") from None
     spec = importlib.util.spec_from_file_location(f"_experiment_{path.stem}", path)
@@ -464,50 +455,3 @@ def _parse(text: str, hint: Any, dotted: str) -> Any:
 def _type_name(hint: Any) -> str:
     name = getattr(typing.get_origin(hint) or hint, "__name__", str(hint))
     return f"an {name}" if name[0] in "aeiou" else f"a {name}"
-
-
-# ---------------------------------------------------------------------------------------------------- resume
-
-# Fields a resumed run may not change: they define the model or the data stream the checkpoint continues.
-RESUME_FIXED = (
-    "model.",
-    "data.source",
-    "data.options.",
-    "data.source_lang",
-    "data.target_lang",
-    "data.vocab_size",
-    "data.tokenizer_",
-    "data.tokens_per_batch",
-    "data.max_len",
-    "data.pack",
-    "data.bucket_boundaries",
-    "train.seed",
-    "train.accum_steps",
-)
-
-
-def _flatten(tree: Mapping, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, Mapping):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[prefix + key] = value
-    return out
-
-
-def resume_changes(saved: Mapping, new: Mapping) -> tuple[list[str], list[str]]:
-    """(refused, allowed): 'field: old → new' lines between a workdir's config.json and the new `to_dict()`.
-
-    Refused changes alter the model or the data stream the checkpoint continues (RESUME_FIXED); the others
-    (schedule, intervals, steps, budget, decoding, mesh, ...) are allowed and reported.
-    """
-    old, updated = _flatten(_upgrade(saved)), _flatten(new)
-    refused: list[str] = []
-    allowed: list[str] = []
-    for field in sorted(set(old) | set(updated)):
-        before, after = old.get(field, "(unset)"), updated.get(field, "(unset)")
-        if before != after:
-            line = f"{field}: {before!r} → {after!r}"
-            (refused if field.startswith(RESUME_FIXED) else allowed).append(line)
-    return refused, allowed

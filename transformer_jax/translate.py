@@ -14,10 +14,11 @@ from typing import NamedTuple
 import numpy as np
 from tqdm import tqdm
 
-from transformer_jax import checkpoint as ckpt
 from transformer_jax.config import ModelConfig
 from transformer_jax.decoding import DecodeConfig, beam_search, greedy_decode
+from transformer_jax.errors import UserError
 from transformer_jax.model import Transformer
+from transformer_jax.workdir import load_model_for_inference
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ class Hypothesis(NamedTuple):
     score: float
 
 
-class InputTooLongError(ValueError):
+class InputTooLongError(UserError, ValueError):
     """A source sentence has more tokens than the model's position table allows (line_number: 1-based)."""
 
     def __init__(self, message: str, line_number: int):
@@ -75,7 +76,7 @@ class Translator:
     @classmethod
     def from_workdir(cls, workdir: str | Path, checkpoint: str | int | None = None, **options) -> Translator:
         """checkpoint: None (latest), a step, 'averaged' (written by `transformer-jax average`)."""
-        model_config, params, tokenizer = ckpt.load_model_for_inference(workdir, checkpoint)
+        model_config, params, tokenizer = load_model_for_inference(workdir, checkpoint)
         return cls(model_config, params, tokenizer, **options)
 
     def encode_source(self, line: str, line_number: int) -> list[int]:

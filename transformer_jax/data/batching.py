@@ -27,6 +27,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from transformer_jax.data.packing import Row, pack_rows
+from transformer_jax.errors import DataError
 
 TokenPair = tuple[Sequence[int], Sequence[int]]  # (source pieces, target pieces), no bos/eos
 Batch = dict[str, np.ndarray]
@@ -137,7 +138,7 @@ class TrainBatches:
         self.kept = np.flatnonzero(lengths.max(axis=1) <= max_len)
         self.dropped = len(pairs) - len(self.kept)
         if not len(self.kept):
-            raise ValueError(f"No pair is at most max_len={max_len} tokens long (eos included).")
+            raise DataError(f"No pair is at most max_len={max_len} tokens long (eos included); raise data.max_len.")
         logger.info(
             "Training batches: kept %d pairs, dropped %d longer than max_len=%d tokens (eos included).",
             len(self.kept),
@@ -165,7 +166,7 @@ class TrainBatches:
         epoch, index = int(state["epoch"]), int(state["index"])
         batches = len(self.epoch_plan(epoch))
         if not 0 <= index < batches:
-            raise ValueError(
+            raise DataError(
                 f"Cannot resume at {state}: epoch {epoch} has {batches} batches here. Were the "
                 f"data, the tokenizer or the batching options changed since it was saved?"
             )

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO
 
 from transformer_jax.data.pairs import SPLITS, Pair, SkipCounts, check_split, filter_pairs
+from transformer_jax.errors import DataError
 
 # Multi30k task 1 (Elliott et al. 2016) names its splits train / val / test_2016_flickr.
 MULTI30K_SPLIT_PREFIXES = {"train": "train", "validation": "val", "test": "test_2016_flickr"}
@@ -37,7 +38,7 @@ def read_lines(path: Path) -> Iterator[str]:
             try:
                 yield raw.decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError as error:
-                raise ValueError(
+                raise DataError(
                     f"{path}, line {line_number}: not valid UTF-8 ({error.reason} at byte {error.start} "
                     f"of the line). Re-encode the file as UTF-8, e.g. `iconv -f LATIN1 -t UTF-8 {path.name} > "
                     f"{path.name}.utf8` (-f names its real encoding)."
@@ -82,7 +83,7 @@ class LocalFilesSource:
         lines = itertools.zip_longest(read_lines(source_path), read_lines(target_path))
         for source, target in lines:
             if source is None or target is None:
-                raise ValueError(
+                raise DataError(
                     f"Line counts differ: {source_path} has {_count_lines(source_path)} lines but "
                     f"{target_path} has {_count_lines(target_path)}; line i of one must translate line i "
                     f"of the other."

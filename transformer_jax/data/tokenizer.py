@@ -26,7 +26,8 @@ from pathlib import Path
 import sentencepiece as spm
 
 from transformer_jax.data.pairs import Pair
-from transformer_jax.experiment import TOKENIZER_NORMALIZATIONS
+from transformer_jax.errors import DataError
+from transformer_jax.experiment import TOKENIZER_NORMALIZATIONS, DataConfig
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ class Tokenizer:
         expected = {"pad": pad_id, "bos": bos_id, "eos": eos_id, "unk": unk_id}
         actual = {"pad": self.pad_id, "bos": self.bos_id, "eos": self.eos_id, "unk": self.unk_id}
         if actual != expected:
-            raise ValueError(
+            raise DataError(
                 f"The SentencePiece model has special ids {actual}, but {expected} were asked "
                 f"for; they must match the model config. Retrain it in a fresh directory."
             )
@@ -145,7 +146,7 @@ def train_tokenizer(
         largest = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", str(error))
         if largest is None:
             raise
-        raise ValueError(
+        raise DataError(
             f"vocab_size={vocab_size} is too large for the {len(sentences)} training sentences: "
             f"SentencePiece can make at most {largest.group(2)} pieces from them. Lower vocab_size (and the "
             f"model config's vocab_size with it) or train on more text."
@@ -179,12 +180,12 @@ def load_or_train_tokenizer(
         tokenizer = Tokenizer.from_bytes(path.read_bytes())
         tokenizer.check_special_ids(**special_ids)
         if tokenizer.vocab_size != vocab_size:
-            raise ValueError(
+            raise DataError(
                 f"{path} has {tokenizer.vocab_size} pieces, but vocab_size={vocab_size} was asked "
                 f"for. Use a fresh --workdir or set --config.data.vocab_size={tokenizer.vocab_size}."
             )
         if tokenizer.normalization != normalization:
-            raise ValueError(
+            raise DataError(
                 f"{path} was trained with normalization {tokenizer.normalization!r}, but {normalization!r} was "
                 f"asked for. Use a fresh --workdir or set "
                 f"--config.data.tokenizer_normalization={tokenizer.normalization}."
@@ -201,4 +202,34 @@ def load_or_train_tokenizer(
         file.write(tokenizer.processor.serialized_model_proto())
     os.replace(file.name, path)  # atomic: a crash never leaves a half-written model
     logger.info("Saved the SentencePiece model to %s.", path)
+    return tokenizer
+
+
+def load_or_train_shared_tokenizer(workdir: Path, source, data: DataConfig, seed: int) -> Tokenizer:
+    """`load_or_train_tokenizer` for a run of one or more processes: process 0 loads or trains {workdir}/spm.model
+    on the source's training pairs; the other processes wait for it, then load it."""
+    import jax
+
+    if jax.process_index() == 0:
+        tokenizer = load_or_train_tokenizer(
+            workdir,
+            source.pairs("train"),
+            data.vocab_size,
+            model_type=data.tokenizer_model_type,
+            normalization=data.tokenizer_normalization,
+            max_sentences=data.tokenizer_max_sentences,
+            seed=seed,
+        )
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("transformer_jax: tokenizer ready")
+    if jax.process_index() != 0:
+        path = workdir / MODEL_FILENAME
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"{path} not found on process {jax.process_index()} after process 0 wrote it: "
+                f"the workdir must be on a filesystem that every process shares."
+            )
+        tokenizer = Tokenizer.from_bytes(path.read_bytes())
     return tokenizer

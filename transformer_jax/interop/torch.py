@@ -32,6 +32,7 @@ from flax.core import unfreeze
 from flax.linen import unbox
 
 from transformer_jax.config import ModelConfig
+from transformer_jax.errors import UserError
 from transformer_jax.interop.torch_reference import (  # where torch is absent: ImportError with the install hint
     TorchTransformer,
     torch,
@@ -55,7 +56,7 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------------------
 
 
-class ConversionError(ValueError):
+class ConversionError(UserError, ValueError):
     """Parameters do not match the config: missing, unexpected or misshapen entries (named in the message)."""
 
 

@@ -1,4 +1,5 @@
-"""The compiled train step of a parallel mode, for a training loop (config `mesh.mode`).
+"""The compiled functions of a run: state init, the train step of its parallel mode (config `mesh.mode`), the
+eval step, and the abstract state a checkpoint is restored into (`compiled_steps`).
 
 'jit' is the step of train/step.py over the mesh, its shardings chosen by XLA from the rule table; 'pmap' is
 the same step written per device with explicit `psum`s (`jit_per_device_train_step`, data parallel only).
@@ -7,15 +8,28 @@ Both take and return a TrainState on the jit shardings and a batch from `paralle
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import optax
 
 from transformer_jax import parallel
+from transformer_jax.config import ModelConfig
+from transformer_jax.experiment import Experiment, OptimizerConfig, TrainConfig
 from transformer_jax.model import Transformer
-from transformer_jax.train.step import jit_per_device_train_step, jit_train_step, make_train_step, per_device_axes
+from transformer_jax.train.optimizer import make_optimizer
+from transformer_jax.train.state import state_initializer
+from transformer_jax.train.step import (
+    FAST_COMPILE_OPTIONS,
+    jit_eval_step,
+    jit_per_device_train_step,
+    jit_train_step,
+    make_eval_step,
+    make_train_step,
+    per_device_axes,
+)
 
 
 def make_runner(
@@ -47,3 +61,59 @@ def make_runner(
     )
     compile_step = jit_per_device_train_step if per_device else jit_train_step
     return compile_step(step, state_shardings, mesh, rules, compiler_options)
+
+
+class CompiledSteps(NamedTuple):
+    init: Callable  # rng -> TrainState on the mesh
+    train_step: Callable  # (state, global batch) -> (state, metrics), of the mesh's mode
+    eval_step: Callable
+    abstract: Any  # the TrainState as ShapeDtypeStructs with shardings (the restore target)
+
+
+class _StepSettings(NamedTuple):
+    """What the compiled steps depend on: the sections that shape them, and the mesh."""
+
+    model: ModelConfig
+    optimizer: OptimizerConfig
+    train: TrainConfig  # with the fields that do not shape the steps reset, so that they share compilations
+    mesh_mode: str
+    mesh: jax.sharding.Mesh
+    rules: tuple
+
+
+# TrainConfig fields the compiled steps read; the others (steps, intervals, budget, ...) are set to their defaults
+# in the cache key, so that runs which differ only there reuse one compilation within a process.
+_STEP_FIELDS = ("label_smoothing", "accum_steps", "fast_compile", "dropout_prng")
+
+
+def compiled_steps(model_cfg: ModelConfig, experiment: Experiment, mesh, rules: tuple) -> CompiledSteps:
+    """Jitted init / train / eval functions, cached so that a second run in one process reuses compilations."""
+    train_fields = {name: getattr(experiment.train, name) for name in _STEP_FIELDS}
+    settings = _StepSettings(
+        model_cfg, experiment.optimizer, TrainConfig(**train_fields), experiment.mesh.mode, mesh, rules
+    )
+    return _compile(settings)
+
+
+@functools.lru_cache(maxsize=8)
+def _compile(settings: _StepSettings) -> CompiledSteps:
+    model_cfg, train_cfg, mesh, rules = settings.model, settings.train, settings.mesh, settings.rules
+    tx, schedule = make_optimizer(settings.optimizer, model_cfg.d_model)
+    model = Transformer(model_cfg)
+    options = FAST_COMPILE_OPTIONS if train_cfg.fast_compile else None
+    init, shardings, abstract = state_initializer(model_cfg, tx, mesh, rules, train_cfg.accum_steps, options)
+    train_step = make_runner(
+        settings.mesh_mode,
+        model,
+        tx,
+        schedule,
+        label_smoothing=train_cfg.label_smoothing,
+        accum_steps=train_cfg.accum_steps,
+        mesh=mesh,
+        state_shardings=shardings,
+        rules=rules,
+        compiler_options=options,
+        dropout_prng=train_cfg.dropout_prng,
+    )
+    eval_step = make_eval_step(model, label_smoothing=train_cfg.label_smoothing)
+    return CompiledSteps(init, train_step, jit_eval_step(eval_step, shardings.params, mesh, rules, options), abstract)
