@@ -13,6 +13,10 @@ from typing import Any
 import jax.numpy as jnp
 
 NORM_POSITIONS = ("post", "pre")
+# The kernel of training-time attention: the einsum path (attention weights in float32, sown for attention maps)
+# or jax.nn.dot_product_attention's XLA or cuDNN (fused, flash) implementation. Decoding always reads the cache
+# with the einsum path.
+ATTENTION_IMPLS = ("einsum", "xla", "cudnn")
 POSITION_KINDS = ("sinusoidal", "learned")
 SINUSOID_LAYOUTS = ("interleaved", "halves")
 
@@ -50,6 +54,7 @@ class ModelConfig:
     share_embeddings: bool = True
     # §3.2.2 writes the projections without biases (as tensor2tensor does); torch uses them.
     attention_bias: bool = False
+    attention_impl: str = "einsum"  # ATTENTION_IMPLS; 'cudnn' needs a GPU, bfloat16/float16, head_dim % 8 == 0
     layer_norm_epsilon: float = 1e-6
     dtype: Any = jnp.float32  # activations
     param_dtype: Any = jnp.float32
@@ -68,6 +73,28 @@ class ModelConfig:
 
     def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
+
+    def _validate_attention_impl(self) -> None:
+        """The rules of a fused kernel that a config alone decides (the GPU itself is checked when attention runs)."""
+        impl = self.attention_impl
+        if impl not in ATTENTION_IMPLS:
+            raise ValueError(f"ModelConfig.attention_impl={impl!r} is unknown; use one of {ATTENTION_IMPLS}.")
+        if impl != "einsum" and self.attention_dropout_rate:
+            raise ValueError(
+                f"ModelConfig.attention_impl={impl!r} has no dropout on the attention weights, but "
+                f"attention_dropout_rate={self.attention_dropout_rate}; set it to 0 or use attention_impl='einsum'."
+            )
+        if impl == "cudnn":
+            if self.dtype not in (jnp.bfloat16, jnp.float16):
+                raise ValueError(
+                    f"ModelConfig.attention_impl='cudnn' needs bfloat16 or float16 activations, not "
+                    f"dtype={self.dtype}; set dtype='bfloat16' or use attention_impl='xla'."
+                )
+            if self.head_dim % 8:
+                raise ValueError(
+                    f"ModelConfig.attention_impl='cudnn' needs head_dim (d_model / num_heads) a multiple of 8, not "
+                    f"{self.head_dim}; change num_heads or use attention_impl='xla'."
+                )
 
     def _validate(self) -> None:
         positive = ("vocab_size", "d_model", "num_heads", "d_ff", "max_len")
@@ -106,6 +133,7 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.d_model={self.d_model} must be even for sinusoidal positions (sin/cos pairs)."
             )
+        self._validate_attention_impl()
         if self.layer_norm_epsilon <= 0:
             raise ValueError(f"ModelConfig.layer_norm_epsilon={self.layer_norm_epsilon} must be positive.")
         ids = {"pad_id": self.pad_id, "bos_id": self.bos_id, "eos_id": self.eos_id}

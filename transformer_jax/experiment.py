@@ -386,32 +386,34 @@ def apply_overrides(experiment: Experiment, overrides: Iterable[tuple[str, str]]
     """A new Experiment with ('train.steps', '100') pairs applied, each parsed by the field's declared type.
 
     Unknown fields are errors that list the known ones; `data.options.NAME` takes any name (an option of the
-    source); the values are checked by the sections as they are rebuilt.
+    source). The values are checked once all are in, by the sections as they are rebuilt and by the Experiment,
+    so the order of the overrides does not matter (`model.attention_impl=cudnn model.dtype=bfloat16`).
     """
+    changes: dict[str, dict[str, Any]] = {}  # section name -> field -> new value
     for dotted, text in overrides:
         section_name, _, name = dotted.partition(".")
         if section_name not in SECTIONS or not name:
             raise ConfigError(f"--config.{dotted}: no section {section_name!r}; known: {sorted(SECTIONS)}.")
         section = getattr(experiment, section_name)
+        fields = changes.setdefault(section_name, {})
         if dotted.startswith("data.options."):
             option = dotted.removeprefix("data.options.")
-            value = {**section.options, option: _parse(text, Any, dotted)}
-            name = "options"
-        else:
-            known = sorted(field.name for field in dataclasses.fields(section))
-            if name not in known:
-                raise ConfigError(
-                    f"--config.{dotted}: unknown field {name!r}; known fields of {section_name}: {known}."
-                )
-            if section_name == "model" and name in TOKENIZER_FIELDS:
-                raise ConfigError(
-                    f"--config.{dotted}: vocab_size and the special ids come from the SentencePiece "
-                    f"model; set data.vocab_size."
-                )
-            value = _parse(text, typing.get_type_hints(type(section))[name], dotted)
-        changed = _build(type(section), section_name, {**_fields(section), name: value})
-        experiment = experiment.replace(**{section_name: changed})  # cross-section checks raise ConfigError
-    return experiment
+            fields["options"] = {**fields.get("options", section.options), option: _parse(text, Any, dotted)}
+            continue
+        known = sorted(field.name for field in dataclasses.fields(section))
+        if name not in known:
+            raise ConfigError(f"--config.{dotted}: unknown field {name!r}; known fields of {section_name}: {known}.")
+        if section_name == "model" and name in TOKENIZER_FIELDS:
+            raise ConfigError(
+                f"--config.{dotted}: vocab_size and the special ids come from the SentencePiece "
+                f"model; set data.vocab_size."
+            )
+        fields[name] = _parse(text, typing.get_type_hints(type(section))[name], dotted)
+    rebuilt = {
+        name: _build(type(getattr(experiment, name)), name, {**_fields(getattr(experiment, name)), **fields})
+        for name, fields in changes.items()
+    }
+    return experiment.replace(**rebuilt)  # cross-section checks raise ConfigError
 
 
 def _fields(section) -> dict[str, Any]:

@@ -100,6 +100,8 @@ RESUME_FIXED = (
     "train.seed",
     "train.accum_steps",
 )
+# Fields under those prefixes that choose how the same numbers are computed, so a resumed run may change them.
+RESUME_FREE = ("model.attention_impl",)
 
 
 def _flatten(tree: Mapping, prefix: str = "") -> dict[str, Any]:
@@ -117,7 +119,7 @@ def resume_changes(saved: Mapping, new: Mapping) -> tuple[list[str], list[str]]:
     `to_dict()`.
 
     Refused changes alter the model or the data stream the checkpoint continues (RESUME_FIXED); the others
-    (schedule, intervals, steps, budget, decoding, mesh, ...) are allowed and reported.
+    (schedule, intervals, steps, budget, decoding, mesh, the attention kernel, ...) are allowed and reported.
     """
     old, updated = _flatten(saved), _flatten(new)
     refused: list[str] = []
@@ -126,7 +128,8 @@ def resume_changes(saved: Mapping, new: Mapping) -> tuple[list[str], list[str]]:
         before, after = old.get(field, "(unset)"), updated.get(field, "(unset)")
         if before != after:
             line = f"{field}: {before!r} → {after!r}"
-            (refused if field.startswith(RESUME_FIXED) else allowed).append(line)
+            fixed = field.startswith(RESUME_FIXED) and field not in RESUME_FREE
+            (refused if fixed else allowed).append(line)
     return refused, allowed
 
 

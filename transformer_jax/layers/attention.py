@@ -8,6 +8,7 @@ import jax.numpy as jnp
 
 from transformer_jax.config import ModelConfig
 from transformer_jax.decoding.kv_cache import KVCache, MemoryCache
+from transformer_jax.errors import UserError
 from transformer_jax.layers.init import bias_init, kernel_init
 from transformer_jax.layers.linear import dense_dot_general
 
@@ -108,6 +109,44 @@ def dot_product_attention(
     )
 
 
+class AttentionKernelError(UserError, ValueError):
+    """A fused attention kernel cannot run on this machine."""
+
+
+def check_cudnn_attention(head_dim: int, device: jax.Device | None = None) -> None:
+    """cuDNN's fused attention needs an NVIDIA GPU and head_dim <= 128 (256 from compute capability 9.0, Hopper);
+    ModelConfig checks the rest (bfloat16/float16, head_dim % 8, no attention dropout)."""
+    device = jax.devices()[0] if device is None else device
+    if device.platform != "gpu":
+        raise AttentionKernelError(
+            f"attention_impl='cudnn' needs an NVIDIA GPU, but JAX runs on {device.platform} ({device.device_kind}); "
+            "use attention_impl='xla' or 'einsum' here."
+        )
+    capability = float(getattr(device, "compute_capability", "0") or 0)
+    limit = 256 if capability >= 9.0 else 128
+    if head_dim > limit:
+        raise AttentionKernelError(
+            f"attention_impl='cudnn' needs head_dim <= {limit} on {device.device_kind} (compute capability "
+            f"{capability}), not {head_dim}; use more heads or attention_impl='xla'."
+        )
+
+
+def fused_attention(
+    query: jnp.ndarray, key: jnp.ndarray, value: jnp.ndarray, mask: jnp.ndarray | None, implementation: str
+) -> jnp.ndarray:
+    """`jax.nn.dot_product_attention` with implementation 'xla' or 'cudnn' (checked before it compiles).
+
+    query: [batch, q_len, heads, head_dim]; key, value: [batch, kv_len, heads, head_dim]; mask: boolean,
+    broadcastable to [batch, heads, q_len, kv_len]. Returns [batch, q_len, heads, head_dim]. A query row with no
+    allowed key gets the mean of the values here (the einsum path gives zeros); such rows are padding.
+    """
+    if implementation == "cudnn":
+        check_cudnn_attention(query.shape[-1])
+    if mask is not None:
+        mask = jnp.broadcast_to(mask, (query.shape[0], query.shape[2], query.shape[1], key.shape[1]))
+    return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation=implementation)
+
+
 class MultiHeadAttention(nn.Module):
     """h parallel heads of width d_k = d_model / h with separate Q, K, V, O projections (§3.2.2).
 
@@ -156,18 +195,23 @@ class MultiHeadAttention(nn.Module):
             source = inputs_q if inputs_kv is None else inputs_kv
             key = self._projection("key")(source)  # [batch, kv_len, heads, head_dim]
             value = self._projection("value")(source)
-            dropout_rng = None
-            if not deterministic and cfg.attention_dropout_rate > 0.0:
-                dropout_rng = self.make_rng("dropout")
-            weights = attention_weights(query, key, mask)  # [batch, heads, q_len, kv_len]
-            attended = read_values(
-                weights,
-                value,
-                dropout_rate=cfg.attention_dropout_rate,
-                dropout_rng=dropout_rng,
-                deterministic=deterministic,
-            )  # [batch, q_len, heads, head_dim]
-        self.sow("intermediates", "attention_weights", weights)  # for attention maps (visualize.py)
+            if cfg.attention_impl == "einsum":
+                dropout_rng = None
+                if not deterministic and cfg.attention_dropout_rate > 0.0:
+                    dropout_rng = self.make_rng("dropout")
+                weights = attention_weights(query, key, mask)  # [batch, heads, q_len, kv_len]
+                attended = read_values(
+                    weights,
+                    value,
+                    dropout_rate=cfg.attention_dropout_rate,
+                    dropout_rng=dropout_rng,
+                    deterministic=deterministic,
+                )  # [batch, q_len, heads, head_dim]
+            else:  # a fused kernel: no weights to show
+                attended = fused_attention(query, key, value, mask, cfg.attention_impl)
+                weights = None
+        if weights is not None:
+            self.sow("intermediates", "attention_weights", weights)  # for attention maps (visualize.py)
         return nn.DenseGeneral(
             features=cfg.d_model,
             axis=(-2, -1),
