@@ -8,7 +8,7 @@ and every sharding in the training step is derived from it, so a new parallelism
 
 Rule tables: DEFAULT_RULES (data parallel), FSDP_RULES, TENSOR_RULES, FSDP_TENSOR_RULES (`make_rules`,
 `rules_for_mesh`, `rules_from_config`); arrays that name their axes themselves (the decode cache):
-`logical_tree_shardings`. The pmap step lives in train/pmap_step.py, multi-host start-up in distributed.py;
+`logical_tree_shardings`. The per-device step lives in train/step.py, multi-host start-up in distributed.py;
 `data_shard`, `local_rows`, `global_batch` (below) give each process its rows of a global batch (docs/SCALING.md).
 """
 
