@@ -4,8 +4,9 @@ utilisation against the chip's peak, and greedy / beam-4 decode speed. Writes JS
     python experiments/bench/device.py                 # on a GPU or TPU machine: under 8 minutes
     python experiments/bench/device.py --smoke         # tiny shapes, a few steps: any machine, CPU included
 
-Train step: the library's `make_train_step` + `make_optimizer` (Adam, §5.3 schedule, label smoothing 0.1,
-dropout 0.1) under `jit_train_step` on a mesh over all local devices (data parallel), batches of
+Train step, once per --attention-impls kernel (default: the einsum path and cuDNN's fused attention, which is
+skipped, and said so, without a GPU): the library's `make_train_step` + `make_optimizer` (Adam, §5.3 schedule,
+label smoothing 0.1, dropout 0.1) under `jit_train_step` on a mesh over all local devices (data parallel), batches of
 `--tokens` source + target tokens (the paper's §5.1 batch is 25k + 25k). MFU = 3 x analytic forward FLOPs
 (`accounting.forward_flops`) per second / (devices x the chip's dense bf16 peak from PEAK_TFLOPS; unknown chips
 report no MFU). Decode: sentences/s of `greedy_decode` and `beam_search` (beam 4, alpha 0.6) on random sources
@@ -59,6 +60,11 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--decode-batch", type=int, default=64)
     parser.add_argument("--decode-len", type=int, default=24)
+    parser.add_argument(
+        "--attention-impls",
+        default="einsum,cudnn",
+        help="ModelConfig.attention_impl values to time the train step with ('cudnn' only where a GPU is)",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return parser.parse_args(argv)
 
@@ -91,6 +97,7 @@ def main(argv=None) -> dict:
         "python": platform.python_version(),
         "smoke": args.smoke,
         "results": [],
+        "skipped": [],
     }
     print(f"{len(devices)} x {kind} ({report['backend']}), peak {peak or '?'} TFLOP/s bf16 each", flush=True)
 
@@ -101,52 +108,72 @@ def main(argv=None) -> dict:
             fn()
         return (time.perf_counter() - start) / repeats
 
+    impls = args.attention_impls.split(",")
+    if "cudnn" in impls and report["backend"] != "gpu":
+        impls.remove("cudnn")
+        report["skipped"].append(f"attention_impl='cudnn': needs an NVIDIA GPU, this is {report['backend']}")
     for name in args.models.split(","):
-        vocab = 512 if args.smoke else 37000
-        cfg = presets.PRESETS[name](
-            vocab_size=vocab, dtype="bfloat16", dropout_rate=0.1, max_len=max(args.length, args.decode_len * 2 + 8)
-        )
-        rows = max(len(devices), args.tokens // args.length // len(devices) * len(devices))
-        batch = parallel.global_batch(synthetic_batch(cfg, rows, args.length), mesh, parallel.DEFAULT_RULES)
-        library_step = LibraryStep(cfg, mesh)
+        for impl in impls:
+            vocab = 512 if args.smoke else 37000
+            cfg = presets.PRESETS[name](
+                vocab_size=vocab,
+                dtype="bfloat16",
+                dropout_rate=0.1,
+                max_len=max(args.length, args.decode_len * 2 + 8),
+                attention_impl=impl,
+            )
+            rows = max(len(devices), args.tokens // args.length // len(devices) * len(devices))
+            batch = parallel.global_batch(synthetic_batch(cfg, rows, args.length), mesh, parallel.DEFAULT_RULES)
+            library_step = LibraryStep(cfg, mesh)
 
-        def train_once():
-            library_step.run(batch)
+            def train_once():
+                library_step.run(batch)
 
-        start = time.perf_counter()
-        train_once()
-        first = time.perf_counter() - start
-        seconds = timed(train_once, args.steps)
-        flops = 3 * forward_flops(cfg, batch=rows, src_len=args.length, tgt_len=args.length)["total"]
-        row = {
-            "model": name,
-            "rows": rows,
-            "length": args.length,
-            "first_step_s": first,
-            "step_s": seconds,
-            "tokens_per_s": 2 * rows * args.length / seconds,
-            "tflops": flops / seconds / 1e12,
-            "param_dtype": str(jnp.dtype(cfg.param_dtype)),
-            "compute_dtype": str(jnp.dtype(cfg.dtype)),
-        }
-        row["mfu"] = row["tflops"] / (peak * len(devices)) if peak else None
-        params = jax.device_get(library_step.state.params)
-        model = Transformer(cfg.replace(dropout_rate=0.0))
-        sources = jnp.asarray(synthetic_batch(cfg, args.decode_batch, args.decode_len, seed=1)["inputs"])
-        greedy_s = timed(lambda: jax.block_until_ready(greedy_decode(model, params, sources)), 2)
-        beam_s = timed(lambda: jax.block_until_ready(beam_search(model, params, sources, beam_size=4, alpha=0.6)), 2)
-        row.update(
-            greedy_sentences_per_s=args.decode_batch / greedy_s, beam4_sentences_per_s=args.decode_batch / beam_s
-        )
-        report["results"].append(row)
-        mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "n/a"
-        print(
-            f"{name}: {rows}x{args.length}+{args.length} tokens, {seconds * 1e3:.1f} ms/step, "
-            f"{row['tokens_per_s']:,.0f} tokens/s, {row['tflops']:.1f} TFLOP/s, MFU {mfu}, first step "
-            f"{first:.1f} s; greedy {row['greedy_sentences_per_s']:.1f} sent/s, beam 4 "
-            f"{row['beam4_sentences_per_s']:.1f} sent/s",
-            flush=True,
-        )
+            start = time.perf_counter()
+            train_once()
+            first = time.perf_counter() - start
+            seconds = timed(train_once, args.steps)
+            flops = 3 * forward_flops(cfg, batch=rows, src_len=args.length, tgt_len=args.length)["total"]
+            row = {
+                "model": name,
+                "attention_impl": impl,
+                "rows": rows,
+                "length": args.length,
+                "first_step_s": first,
+                "step_s": seconds,
+                "tokens_per_s": 2 * rows * args.length / seconds,
+                "tflops": flops / seconds / 1e12,
+                "param_dtype": str(jnp.dtype(cfg.param_dtype)),
+                "compute_dtype": str(jnp.dtype(cfg.dtype)),
+            }
+            row["mfu"] = row["tflops"] / (peak * len(devices)) if peak else None
+            decoding = ""
+            if impl == impls[0]:  # decoding reads the cache with the einsum path whatever the kernel
+                params = jax.device_get(library_step.state.params)
+                model = Transformer(cfg.replace(dropout_rate=0.0))
+                sources = jnp.asarray(synthetic_batch(cfg, args.decode_batch, args.decode_len, seed=1)["inputs"])
+                greedy_s = timed(lambda: jax.block_until_ready(greedy_decode(model, params, sources)), 2)
+                beam_s = timed(
+                    lambda: jax.block_until_ready(beam_search(model, params, sources, beam_size=4, alpha=0.6)), 2
+                )
+                row.update(
+                    greedy_sentences_per_s=args.decode_batch / greedy_s,
+                    beam4_sentences_per_s=args.decode_batch / beam_s,
+                )
+                decoding = (
+                    f"; greedy {row['greedy_sentences_per_s']:.1f} sent/s, beam 4 "
+                    f"{row['beam4_sentences_per_s']:.1f} sent/s"
+                )
+            report["results"].append(row)
+            mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "n/a"
+            print(
+                f"{name} ({impl} attention): {rows}x{args.length}+{args.length} tokens, {seconds * 1e3:.1f} ms/step, "
+                f"{row['tokens_per_s']:,.0f} tokens/s, {row['tflops']:.1f} TFLOP/s, MFU {mfu}, first step "
+                f"{first:.1f} s" + decoding,
+                flush=True,
+            )
+    for line in report["skipped"]:
+        print(f"skipped {line}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")
