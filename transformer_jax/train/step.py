@@ -219,13 +219,7 @@ def jit_per_device_train_step(
         out_specs=(PartitionSpec(), PartitionSpec()),
         check_vma=False,
     )
-    return jax.jit(
-        per_device,
-        in_shardings=(state_shardings, parallel.batch_sharding(mesh, rules)),
-        out_shardings=(state_shardings, parallel.replicated(mesh)),
-        donate_argnums=(0,),
-        compiler_options=compiler_options,
-    )
+    return jit_train_step(per_device, state_shardings, mesh, rules, compiler_options)
 
 
 def per_device_axes(rules: parallel.Rules = parallel.DEFAULT_RULES) -> tuple[str, ...]:
