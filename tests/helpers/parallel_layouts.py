@@ -34,7 +34,7 @@ from transformer_jax import parallel  # noqa: E402
 from transformer_jax.config import tiny  # noqa: E402
 from transformer_jax.model import Transformer  # noqa: E402
 from transformer_jax.train.optimizer import make_optimizer, transformer_schedule  # noqa: E402
-from transformer_jax.train.runner import make_runner  # noqa: E402
+from transformer_jax.train.runner import compiled_train_step  # noqa: E402
 from transformer_jax.train.state import boxed_init_fn, create_train_state  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*donated buffers.*")
@@ -176,7 +176,7 @@ def run_layout(name: str, steps: int, batches: list[dict], host_state, optimizer
     result["decode_cache"] = cache_layout(mesh, rules, host_state.params)
     if steps == 0:
         return result, []
-    train_step = make_runner(
+    train_step = compiled_train_step(
         mode,
         Transformer(model_cfg),
         tx,

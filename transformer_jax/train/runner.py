@@ -32,7 +32,7 @@ from transformer_jax.train.step import (
 )
 
 
-def make_runner(
+def compiled_train_step(
     mode: str,
     model: Transformer,
     tx: optax.GradientTransformation,
@@ -102,7 +102,7 @@ def _compile(settings: _StepSettings) -> CompiledSteps:
     model = Transformer(model_cfg)
     options = FAST_COMPILE_OPTIONS if train_cfg.fast_compile else None
     init, shardings, abstract = state_initializer(model_cfg, tx, mesh, rules, train_cfg.accum_steps, options)
-    train_step = make_runner(
+    train_step = compiled_train_step(
         settings.mesh_mode,
         model,
         tx,
