@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import typing
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -144,7 +146,8 @@ def fused_attention(
         check_cudnn_attention(query.shape[-1])
     if mask is not None:
         mask = jnp.broadcast_to(mask, (query.shape[0], query.shape[2], query.shape[1], key.shape[1]))
-    return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation=implementation)
+    kernel = typing.cast(typing.Literal["xla", "cudnn"], implementation)
+    return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation=kernel)
 
 
 class MultiHeadAttention(nn.Module):
