@@ -1,4 +1,4 @@
-"""Parameter counts against the seed's arithmetic; analytic FLOPs against XLA's own count."""
+"""Parameter counts against the seed's arithmetic and Table 3; analytic FLOPs against XLA's own count."""
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +46,7 @@ def test_attention_biases_and_unshared_embeddings_add_what_they_should():
         (tiny(), 8, 32, 32),
         (tiny(), 4, 64, 48),
         (base(vocab_size=37000), 2, 64, 64),
+        (tiny(key_dim=4, value_dim=24), 4, 32, 48),  # d_k != d_v
     ],
 )
 def test_analytic_flops_agree_with_xla(cfg, batch, src_len, tgt_len):
@@ -71,3 +72,45 @@ def test_flops_by_hand_for_one_tiny_layer():
         == (8 * m * d * d + 4 * m * m * d) + (4 * m * d * d + 4 * n * d * d + 4 * m * n * d) + 4 * m * d * f
     )
     assert flops["output_projection"] == 2 * m * d * 10
+
+
+def test_flops_by_hand_with_d_k_unlike_d_v():
+    # h = 2 heads, d_k = 3, d_v = 5: each [tokens, d] @ [d, h * d_k or h * d_v] product term by term.
+    cfg = tiny(num_encoder_layers=1, num_decoder_layers=1, d_model=4, num_heads=2, d_ff=8, vocab_size=10)
+    cfg = cfg.replace(key_dim=3, value_dim=5)
+    n, m, d, f, hk, hv = 3, 2, 4, 8, 2 * 3, 2 * 5
+    flops = forward_flops(cfg, batch=1, src_len=n, tgt_len=m)
+
+    def attention(queries, keys):
+        projections = 2 * queries * d * hk + 2 * keys * d * hk + 2 * keys * d * hv + 2 * queries * hv * d  # Q K V O
+        return projections + 2 * queries * keys * hk + 2 * queries * keys * hv  # Q K^T, weights x V
+
+    assert flops["encoder"] == attention(n, n) + 4 * n * d * f
+    assert flops["decoder"] == attention(m, m) + attention(m, n) + 4 * m * d * f
+
+
+@pytest.mark.parametrize("key_dim, paper_difference", [(16, -7e6), (32, -5e6)])
+def test_table3_row_b_smaller_keys_cost_what_the_paper_says(key_dim, paper_difference):
+    """Row (B): d_k 16 or 32 at h = 8, d_v = 64: 58M and 60M against base's 65M in the paper."""
+    base_total = count_parameters(base(vocab_size=37000)).total
+    row = count_parameters(base(vocab_size=37000, key_dim=key_dim))
+    # By hand: W^Q and W^K (2 projections) lose d_model x h x (64 - d_k) each in all 18 attention sub-layers
+    # (6 encoder self, 6 decoder self, 6 decoder cross): d_k 16: 2 x 18 x 512 x 8 x 48 = 7,077,888;
+    # d_k 32: 2 x 18 x 512 x 8 x 32 = 4,718,592.
+    by_hand = -2 * 18 * 512 * 8 * (64 - key_dim)
+    assert row.total - base_total == by_hand
+    assert abs(by_hand - paper_difference) < 0.5e6
+
+
+@pytest.mark.parametrize("num_heads", [1, 4, 16, 32])
+def test_table3_row_a_more_heads_cost_nothing(num_heads):
+    """Row (A): h heads of d_k = d_v = 512 / h keep base's parameters (§3.2.2: "the total computational cost is
+    similar"), whether the sizes are given or default."""
+    base_count = count_parameters(base(vocab_size=37000))
+    size = 512 // num_heads
+    for cfg in (
+        base(vocab_size=37000, num_heads=num_heads),
+        base(vocab_size=37000, num_heads=num_heads, key_dim=size, value_dim=size),
+    ):
+        count = count_parameters(cfg)
+        assert (count.matrices, count.vectors) == (base_count.matrices, base_count.vectors)

@@ -2,12 +2,14 @@
 
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax.layers.attention import attention_weights, dot_product_attention
+from transformer_jax.config import tiny
+from transformer_jax.layers.attention import MultiHeadAttention, attention_weights, dot_product_attention
 from transformer_jax.layers.masks import causal_mask, combine_masks, padding_mask, segment_mask
 
 
@@ -103,3 +105,29 @@ def test_attention_dropout_keeps_expectation(rate):
         ]
     )
     np.testing.assert_allclose(outs.mean(0), dot_product_attention(q, k, v), atol=0.15)
+
+
+def test_multi_head_attention_with_d_k_unlike_d_v_equals_numpy_by_hand():
+    """§3.2.2 with d_k = 3 != d_v = 5 (d_model / h = 4): head i is softmax(x W_i^Q (m W_i^K)^T / sqrt(d_k)) m W_i^V,
+    and the output is the concatenation of the heads times W^O, here summed head by head in numpy."""
+    cfg = tiny(d_model=8, num_heads=2, key_dim=3, value_dim=5)
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(1, 4, 8)).astype(np.float32)  # [batch, q_len, d_model]
+    memory = rng.normal(size=(1, 6, 8)).astype(np.float32)  # [batch, kv_len, d_model]
+    mask = rng.random((1, 1, 4, 6)) > 0.3
+    mask[..., 0] = True
+    attention = MultiHeadAttention(cfg)
+    params = jax.tree.map(np.asarray, nn.unbox(attention.init(jax.random.key(0), x, memory, mask)["params"]))
+    shapes = {name: params[name]["kernel"].shape for name in ("query", "key", "value", "out")}
+    assert shapes == {"query": (8, 2, 3), "key": (8, 2, 3), "value": (8, 2, 5), "out": (2, 5, 8)}
+
+    expected = np.zeros((4, 8))
+    for head in range(2):
+        q = x[0] @ params["query"]["kernel"][:, head]  # [4, d_k]
+        k = memory[0] @ params["key"]["kernel"][:, head]  # [6, d_k]
+        v = memory[0] @ params["value"]["kernel"][:, head]  # [6, d_v]
+        scores = np.where(mask[0, 0], q @ k.T / math.sqrt(3), -np.inf)
+        p = np.exp(scores - scores.max(-1, keepdims=True))
+        expected += (p / p.sum(-1, keepdims=True)) @ v @ params["out"]["kernel"][head]  # [4, d_v] @ [d_v, d_model]
+    got = attention.apply({"params": params}, x, memory, mask)
+    np.testing.assert_allclose(got[0], expected, rtol=1e-5, atol=1e-5)

@@ -342,9 +342,12 @@ TINY = config_lib.tiny(
 )
 
 
-@pytest.fixture(scope="module")
-def tiny_model():
-    model = Transformer(TINY)
+# Queries/keys of d_k = 3 and values of d_v = 5 per head, both unlike d_model / num_heads = 8 (§3.2.2).
+UNEVEN = TINY.replace(key_dim=3, value_dim=5)
+
+
+def random_model(cfg):
+    model = Transformer(cfg)
     sources = jnp.array([[5, 6, 3, 4, 2], [4, 3, 2, 0, 0]], jnp.int32)  # the second padded
     # Random parameters without compiling model.init (only its shapes are traced).
     shapes = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), sources, sources)["params"])
@@ -352,6 +355,11 @@ def tiny_model():
     rng = np.random.default_rng(7)
     params = jax.tree.unflatten(treedef, [jnp.asarray(rng.normal(size=x.shape), jnp.float32) for x in leaves])
     return model, params, sources
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    return random_model(TINY)
 
 
 def test_transformer_wide_beam_equals_exhaustive_enumeration_in_a_padded_batch(tiny_model):
@@ -383,13 +391,18 @@ def test_transformer_wide_beam_equals_exhaustive_enumeration_in_a_padded_batch(t
             assert by_sequence[strip(y)] == pytest.approx(score, rel=1e-5, abs=1e-5)
 
 
-@pytest.mark.parametrize("beam, num_sources", [(3, 2), (4, 2), (3, 1)])
-def test_transformer_beam_over_the_cache_equals_beam_over_uncached_steps(tiny_model, beam, num_sources):
+@pytest.mark.parametrize(
+    "cfg, beam, num_sources",
+    [(TINY, 3, 2), (TINY, 4, 2), (TINY, 3, 1), (UNEVEN, 3, 2)],
+    ids=["beam3-sources2", "beam4-sources2", "beam3-sources1", "beam3-sources2-dk!=dv"],
+)
+def test_transformer_beam_over_the_cache_equals_beam_over_uncached_steps(cfg, beam, num_sources):
     """The oracle re-runs the decoder over each hypothesis's whole prefix at every step (no cache, nothing kept
     per row), so it checks the lineage that lets beam search leave keys/values where they were computed.
     One source alone is its own case: a product-and-sum form of the block attention was miscompiled by XLA's
-    CPU (YNN) fusion exactly when the block's leading dimension was 1."""
-    model, params, sources = tiny_model
+    CPU (YNN) fusion exactly when the block's leading dimension was 1. UNEVEN has keys and values of different
+    sizes in the cache (d_k != d_v)."""
+    model, params, sources = random_model(cfg)
     sources = sources[:num_sources]
     params = jax.tree.map(lambda x: 0.3 * x, params)  # flatter distributions: hypotheses change parents often
     length, alpha = 12, 0.6

@@ -29,6 +29,13 @@ def test_presets_are_table_3():
     assert tiny(d_model=32, num_heads=2).head_dim == 16
 
 
+def test_key_and_value_sizes_default_to_d_model_over_heads():
+    assert (base().d_k, base().d_v) == (64, 64)  # §3.2.2: d_k = d_v = d_model / h
+    assert (base(key_dim=16).d_k, base(key_dim=16).d_v) == (16, 64)  # Table 3 row (B)
+    explicit = tiny(d_model=30, num_heads=4, key_dim=8, value_dim=6)  # 30 / 4 is no size, both are given
+    assert (explicit.d_k, explicit.d_v) == (8, 6)
+
+
 def test_dtype_strings_are_accepted():
     cfg = tiny(dtype="bfloat16")
     assert cfg.dtype == jnp.bfloat16 and cfg.param_dtype == jnp.float32
@@ -52,6 +59,10 @@ def test_dtype_strings_are_accepted():
         (dict(layer_norm_epsilon=0.0), r"layer_norm_epsilon=0.0 must be positive"),
         (dict(pad_id=1, bos_id=1), r"special ids must be distinct"),
         (dict(eos_id=37000), r"eos_id=37000 must lie in \[0, vocab_size=37000\)"),
+        (dict(key_dim=0), r"key_dim must be a positive integer or None"),
+        (dict(value_dim=2.5), r"value_dim must be a positive integer or None"),
+        (dict(num_heads=7, key_dim=64), r"not divisible by num_heads=7; .* set both key_dim and value_dim"),
+        (dict(key_dim=16, attention_impl="xla"), r"attention_impl='xla' needs keys and values of one size"),
     ],
 )
 def test_bad_config_says_what_to_change(overrides, message):

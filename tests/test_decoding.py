@@ -37,6 +37,8 @@ TINY = config_lib.tiny(
     max_len=16,
     dropout_rate=0.0,
 )
+# Queries/keys of d_k = 3 and values of d_v = 5 per head, both unlike d_model / num_heads = 8 (§3.2.2).
+UNEVEN = TINY.replace(key_dim=3, value_dim=5)
 SOURCES = jnp.array([[5, 6, 3, 4, 9, 7, 2], [4, 3, 8, 2, 0, 0, 0]], jnp.int32)  # [batch=2, src_len=7]
 
 
@@ -50,9 +52,9 @@ def random_params(model, seed=0, scale=0.6):
     )
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    model = Transformer(TINY)
+@pytest.fixture(scope="module", params=[TINY, UNEVEN], ids=["dk=dv", "dk!=dv"])
+def tiny(request):
+    model = Transformer(request.param)
     return model, random_params(model, seed=1, scale=1.0)
 
 
@@ -72,7 +74,8 @@ def compiled(tiny):
 
 
 # ------------------------------------------------------------------------------------------------ cache
-def test_cached_steps_match_teacher_forced_logits(compiled):
+def test_cached_steps_match_teacher_forced_logits(tiny, compiled):
+    cfg = tiny[0].config
     targets = jnp.array([[3, 7, 5, 9, 4, 6], [8, 8, 3, 10, 5, 2]], jnp.int32)  # [batch, 6], no pad
     decoder_inputs = jnp.concatenate([jnp.full((2, 1), BOS), targets[:, :-1]], axis=1)  # shifted right
     expected = compiled["forward"](decoder_inputs)  # [batch, 6, vocab], one teacher-forced pass
@@ -81,9 +84,10 @@ def test_cached_steps_match_teacher_forced_logits(compiled):
         logits, cache = compiled["step"](decoder_inputs[:, t], cache)  # [batch, vocab]
         assert logits.dtype == jnp.float32
         np.testing.assert_allclose(logits, expected[:, t], rtol=1e-5, atol=1e-5, err_msg=f"step {t}")
-    for index in range(TINY.num_decoder_layers):  # one self-attention cache per layer, filled to the end
+    for index in range(cfg.num_decoder_layers):  # one self-attention cache per layer, filled to the end
         layer = cache["decoder"][f"layer_{index}"]["self_attention"]["keys_values"]
-        assert layer.key.shape == (2, TINY.num_heads, 6, TINY.head_dim)  # [batch, heads, length, d]
+        assert layer.key.shape == (2, cfg.num_heads, 6, cfg.d_k)  # [batch, heads, length, d_k]
+        assert layer.value.shape == (2, cfg.num_heads, 6, cfg.d_v)
         assert int(layer.index) == 6
 
 
@@ -103,8 +107,9 @@ def _dot_operand_shapes(jaxpr):
 
 def test_cross_attention_keys_values_are_computed_once_per_source(tiny, compiled):
     model, params = tiny
+    cfg = model.config
     encoded, cache = compiled["encoded"], compiled["cache"]  # encoded: [batch, src_len=7, d_model]
-    for index in range(TINY.num_decoder_layers):
+    for index in range(cfg.num_decoder_layers):
         layer_params = params["decoder"][f"layer_{index}"]["cross_attention"]
         memory = cache["decoder"][f"layer_{index}"]["cross_attention"]["memory"]
         for name in ("key", "value"):
@@ -116,7 +121,7 @@ def test_cross_attention_keys_values_are_computed_once_per_source(tiny, compiled
     memory_tokens = SOURCES.shape[0] * SOURCES.shape[1]
     step_dots = _dot_operand_shapes(jax.make_jaxpr(compiled["step"])(jnp.full((2,), BOS), cache).jaxpr)
     assert step_dots and not any(
-        len(shape) >= 2 and shape[-1] == TINY.d_model and int(np.prod(shape[:-1])) == memory_tokens
+        len(shape) >= 2 and shape[-1] == cfg.d_model and int(np.prod(shape[:-1])) == memory_tokens
         for operands in step_dots
         for shape in operands
     )
@@ -128,8 +133,9 @@ def test_cross_attention_keys_values_are_computed_once_per_source(tiny, compiled
     init = jax.jit(lambda e: init_cache(model, params, e, rows, 6, beam_size=2)).lower(encoded).compile()
     cost = init.cost_analysis()
     flops = (cost[0] if isinstance(cost, list) else cost)["flops"]  # a list in older jax
-    projection_flops = 2 * memory_tokens * TINY.d_model * TINY.num_heads * TINY.head_dim  # one [tokens, d] @ [d, d]
-    assert flops == pytest.approx(2 * TINY.num_decoder_layers * projection_flops, rel=0.1)  # K and V of each layer
+    # K and V of each layer: [tokens, d] @ [d, h * d_k] and [tokens, d] @ [d, h * d_v]
+    projection_flops = 2 * memory_tokens * cfg.d_model * cfg.num_heads * (cfg.d_k + cfg.d_v)
+    assert flops == pytest.approx(cfg.num_decoder_layers * projection_flops, rel=0.1)
 
     _, stepped = compiled["step"](jnp.full((2,), BOS), cache)
     for name in ("key", "value"):
@@ -160,7 +166,7 @@ def test_reordered_cache_continues_each_parents_prefix(tiny, beam_size):
             decoder_inputs = jnp.array([[BOS, 3 + parent, token] for parent, token in zip(parents, (5, 6))])
             expected = model.apply({"params": params}, rows, decoder_inputs)[:, 2]  # [2, vocab]
             np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5, err_msg=f"{parents} {one_hot}")
-            for index in range(TINY.num_decoder_layers):
+            for index in range(model.config.num_decoder_layers):
                 before, after = cache["decoder"][f"layer_{index}"], moved["decoder"][f"layer_{index}"]
                 keys = after["self_attention"]["keys_values"].key
                 kept = before["self_attention"]["keys_values"].key
@@ -259,7 +265,7 @@ def test_greedy_matches_teacher_forcing_batch_equals_alone_and_eos_ends_rows(tin
     first = int(tokens[1, 0])
     assert first not in (PAD, BOS), "pick parameters whose greedy output starts with an ordinary token"
     relabelled, relabelled_lengths = greedy_decode(
-        Transformer(TINY.replace(eos_id=first)), params, SOURCES, max_decode_len=6
+        Transformer(model.config.replace(eos_id=first)), params, SOURCES, max_decode_len=6
     )
     assert np.asarray(relabelled)[1].tolist() == [first] + [PAD] * 5
     row = tokens[0].tolist()

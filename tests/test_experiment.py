@@ -138,6 +138,20 @@ def test_config_json_of_version_0_1_replays_and_resumes(tmp_path):
     assert resume_changes(load_config(tmp_path), today) == ([], [])
 
 
+def test_config_json_from_before_key_dim_and_value_dim_resumes(tmp_path):
+    """A workdir written before ModelConfig.key_dim/value_dim (issue #25) ran d_k = d_v = d_model / num_heads:
+    it loads as None for both and resumes with today's default config unrefused."""
+    today = load_experiment(EXPERIMENTS / "tiny.py").to_dict()
+    assert today["model"]["key_dim"] is None and today["model"]["value_dim"] is None
+    old = json.loads(json.dumps(today))
+    del old["model"]["key_dim"], old["model"]["value_dim"]
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    assert load_config_file(tmp_path / "config.json").to_dict() == today
+    assert resume_changes(load_config(tmp_path), today) == ([], [])
+    changed = apply_overrides(load_experiment(EXPERIMENTS / "tiny.py"), [("model.key_dim", "8")]).to_dict()
+    assert resume_changes(load_config(tmp_path), changed)[0] == ["model.key_dim: None → 8"]
+
+
 def test_resume_refuses_model_and_data_changes_and_reports_the_rest():
     saved = Experiment().to_dict()
     new = apply_overrides(

@@ -208,6 +208,21 @@ def test_mismatches_name_the_parameter():
         interop.flax_to_torch_state_dict(build("pre_bias_halves_eps1e-5")[2], cfg.replace(norm_position="pre"))
 
 
+@pytest.mark.parametrize("sizes", [dict(key_dim=8), dict(value_dim=32), dict(key_dim=8, value_dim=24)])
+def test_keys_or_values_unlike_d_model_over_heads_are_refused_before_any_work(tmp_path, sizes):
+    """nn.MultiheadAttention has d_k = d_v = d_model / h: no torch model holds these, so nothing is read or made
+    (the params here are not even a tree, the file does not exist)."""
+    cfg = tiny(**sizes)
+    message = r"ModelConfig\.key_dim=.* \(d_k=.*\) and value_dim=.* \(d_v=.*\)"
+    with pytest.raises(interop.ConversionError, match=message):
+        interop.export_torch_state_dict(object(), cfg, tmp_path / "model.pt")
+    with pytest.raises(interop.ConversionError, match=message):
+        interop.import_torch_state_dict(tmp_path / "missing.pt", cfg)
+    assert not (tmp_path / "model.pt").exists()
+    explicit = tiny(key_dim=cfg.head_dim, value_dim=cfg.head_dim)  # the defaults spelled out convert
+    assert len(interop.parameter_map(explicit)) == len(interop.parameter_map(tiny()))
+
+
 def test_export_and_import_through_a_file(tmp_path):
     cfg, model, params, _ = build("post_bias_learned_unshared")
     path = tmp_path / "nested" / "model.pt"

@@ -50,21 +50,22 @@ def count_parameters(config: ModelConfig) -> ParameterCount:
 def forward_flops(config: ModelConfig, batch: int, src_len: int, tgt_len: int) -> dict[str, int]:
     """Forward FLOPs of one teacher-forced pass (2 FLOPs per multiply-add), by term.
 
-    Per encoder layer with n source tokens: 8·n·d² (Q, K, V, O projections) + 4·n·d·d_ff (FFN) + 4·n²·d
-    (scores Q·K^T and the weighted read of V); with d_ff = 4d the projections and FFN together are 24·n·d².
-    Per decoder layer with m target tokens: the same self-attention and FFN terms in m, plus
-    cross-attention: 4·m·d² (Q, O) + 4·n·d² (K, V of the encoder output) + 4·m·n·d.
-    Output projection: 2·m·d·vocab. LayerNorm, softmax and other element-wise work are left out.
+    With a = h·(d_k + d_v) (= 2d when d_k = d_v = d / h, §3.2.2), per encoder layer with n source tokens:
+    4·n·d·a (Q, K of h·d_k and V, O of h·d_v) + 4·n·d·d_ff (FFN) + 2·n²·a (scores Q·K^T and the weighted read of
+    V); with the defaults and d_ff = 4d that is 24·n·d² + 4·n²·d. Per decoder layer with m target tokens: the same
+    self-attention and FFN terms in m, plus cross-attention: 2·m·d·a (Q, O) + 2·n·d·a (K, V of the encoder
+    output) + 2·m·n·a. Output projection: 2·m·d·vocab. LayerNorm, softmax and other element-wise work are left out.
     """
     d, d_ff, n, m = config.d_model, config.d_ff, src_len, tgt_len
+    a = config.num_heads * (config.d_k + config.d_v)
 
     def self_attention(length):
-        return 8 * length * d * d + 4 * length * length * d
+        return 4 * length * d * a + 2 * length * length * a
 
     def ffn(length):
         return 4 * length * d * d_ff
 
-    cross_attention = 4 * m * d * d + 4 * n * d * d + 4 * m * n * d
+    cross_attention = 2 * m * d * a + 2 * n * d * a + 2 * m * n * a
     terms = {
         "encoder": config.num_encoder_layers * (self_attention(n) + ffn(n)),
         "decoder": config.num_decoder_layers * (self_attention(m) + cross_attention + ffn(m)),

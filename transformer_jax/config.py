@@ -35,6 +35,10 @@ class ModelConfig:
     vocab_size: int = 37000  # shared source/target BPE vocabulary (§5.1)
     d_model: int = 512
     num_heads: int = 8
+    # §3.2.2: each head projects queries and keys to d_k and values to d_v; None = d_model / num_heads, as in all
+    # the paper's models but Table 3 row (B), which shrinks d_k alone. Resolved sizes: the d_k and d_v properties.
+    key_dim: int | None = None  # d_k
+    value_dim: int | None = None  # d_v
     d_ff: int = 2048
     num_encoder_layers: int = 6
     num_decoder_layers: int = 6
@@ -54,7 +58,8 @@ class ModelConfig:
     share_embeddings: bool = True
     # §3.2.2 writes the projections without biases (as tensor2tensor does); torch uses them.
     attention_bias: bool = False
-    attention_impl: str = "einsum"  # ATTENTION_IMPLS; 'cudnn' needs a GPU, bfloat16/float16, head_dim % 8 == 0
+    # ATTENTION_IMPLS; 'xla' and 'cudnn' need d_k == d_v; 'cudnn' needs a GPU, bfloat16/float16, d_k % 8 == 0
+    attention_impl: str = "einsum"
     layer_norm_epsilon: float = 1e-6
     dtype: Any = jnp.float32  # activations
     param_dtype: Any = jnp.float32
@@ -69,7 +74,18 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
+        """d_model / num_heads: the default of d_k and d_v (§3.2.2)."""
         return self.d_model // self.num_heads
+
+    @property
+    def d_k(self) -> int:
+        """Per-head size of queries and keys (§3.2.1): key_dim, or d_model / num_heads."""
+        return self.head_dim if self.key_dim is None else self.key_dim
+
+    @property
+    def d_v(self) -> int:
+        """Per-head size of values (§3.2.2): value_dim, or d_model / num_heads."""
+        return self.head_dim if self.value_dim is None else self.value_dim
 
     def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
@@ -84,16 +100,21 @@ class ModelConfig:
                 f"ModelConfig.attention_impl={impl!r} has no dropout on the attention weights, but "
                 f"attention_dropout_rate={self.attention_dropout_rate}; set it to 0 or use attention_impl='einsum'."
             )
+        if impl != "einsum" and self.d_k != self.d_v:
+            raise ValueError(
+                f"ModelConfig.attention_impl={impl!r} needs keys and values of one size, but d_k={self.d_k} "
+                f"(key_dim) and d_v={self.d_v} (value_dim); use attention_impl='einsum'."
+            )
         if impl == "cudnn":
             if self.dtype not in (jnp.bfloat16, jnp.float16):
                 raise ValueError(
                     f"ModelConfig.attention_impl='cudnn' needs bfloat16 or float16 activations, not "
                     f"dtype={self.dtype}; set dtype='bfloat16' or use attention_impl='xla'."
                 )
-            if self.head_dim % 8:
+            if self.d_k % 8:
                 raise ValueError(
-                    f"ModelConfig.attention_impl='cudnn' needs head_dim (d_model / num_heads) a multiple of 8, not "
-                    f"{self.head_dim}; change num_heads or use attention_impl='xla'."
+                    f"ModelConfig.attention_impl='cudnn' needs head_dim (d_k = d_v) a multiple of 8, not "
+                    f"{self.d_k}; change num_heads, key_dim and value_dim, or use attention_impl='xla'."
                 )
 
     def _validate(self) -> None:
@@ -108,10 +129,17 @@ class ModelConfig:
                 raise ValueError(
                     f"ModelConfig.{name} must be a positive integer (a stack needs a layer), got {value!r}."
                 )
-        if self.d_model % self.num_heads:
+        for name in ("key_dim", "value_dim"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ValueError(
+                    f"ModelConfig.{name} must be a positive integer or None (= d_model / num_heads), got {value!r}."
+                )
+        if (self.key_dim is None or self.value_dim is None) and self.d_model % self.num_heads:
             raise ValueError(
                 f"ModelConfig.d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
-                f"choose num_heads among the divisors of d_model (d_k = d_model / num_heads, §3.2.2)."
+                f"choose num_heads among the divisors of d_model, or set both key_dim and value_dim "
+                f"(d_k and d_v default to d_model / num_heads, §3.2.2)."
             )
         for name in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate"):
             value = getattr(self, name)

@@ -71,10 +71,13 @@ def model_config_from_workdir(workdir: str | Path) -> ModelConfig:
 
 
 def upgrade_config(values: Mapping[str, Any]) -> dict:
-    """A config.json of version 0.1 (one `train` section with the Adam fields, a model `preset` name) in today's
-    layout, so that older workdirs still replay and resume."""
+    """A config.json of version 0.1 (one `train` section with the Adam fields, a model `preset` name) or one from
+    before ModelConfig.key_dim/value_dim in today's layout, so that older workdirs still replay and resume."""
     values = {name: dict(section) for name, section in values.items()}
-    values.get("model", {}).pop("preset", None)
+    if "model" in values:
+        values["model"].pop("preset", None)
+        for name in ("key_dim", "value_dim"):  # absent before issue #25: None (d_model / num_heads) is what ran
+            values["model"].setdefault(name, None)
     train = values.get("train", {})
     moved = {name: train.pop(name) for name in [f.name for f in dataclasses.fields(OptimizerConfig)] if name in train}
     if moved:

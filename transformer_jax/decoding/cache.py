@@ -1,9 +1,9 @@
 """The decode cache of a Transformer as a pytree: creating it, stepping with it, reordering and sharding it.
 
 Layout (Flax 'cache' collection, one subtree per decoder layer `decoder/layer_i`; types from kv_cache.py):
-  self_attention/keys_values   KVCache       keys/values [groups, heads, max_decode_len * block, head_dim],
+  self_attention/keys_values   KVCache       keys/values [groups, heads, max_decode_len * block, d_k | d_v],
                                              lineage [groups, block, max_decode_len], index []
-  cross_attention/memory       MemoryCache   keys/values [sources, heads, src_len, head_dim], once per source
+  cross_attention/memory       MemoryCache   keys/values [sources, heads, src_len, d_k | d_v], once per source
   decoder/position             []            next target position, shared by all rows
 
 Greedy search decodes one row per group (block 1); beam search puts each source's `beam` hypotheses in one group

@@ -1,10 +1,10 @@
 """The typed decode cache of one attention layer: its layout, its logical axes, and how hypotheses reorder it.
 
 `layers/attention.py` keeps a KVCache (self-attention) or a MemoryCache (cross-attention) in the Flax 'cache'
-collection and reads and writes keys/values only through them. Keys/values are heads-major
-[groups, heads, length, head_dim], so a decode step reads them with batched dots as stored; each group is
-`block` consecutive decoded rows that read it together (block 1: one row per sequence; block beam: the
-hypotheses of one source in beam search, decoding/beam.py).
+collection and reads and writes keys/values only through them. Keys/values are heads-major, keys
+[groups, heads, length, d_k] and values [groups, heads, length, d_v] (§3.2.2), so a decode step reads them with
+batched dots as stored; each group is `block` consecutive decoded rows that read it together (block 1: one row
+per sequence; block beam: the hypotheses of one source in beam search, decoding/beam.py).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from flax import struct
 from jax import lax
 from jax.sharding import PartitionSpec
 
-# Logical names of the dimensions of keys/values [groups, heads, length, head_dim]; parallel.py's rule tables map
-# them to mesh axes, as they do the parameters' names.
+# Logical names of the dimensions of keys/values [groups, heads, length, d_k | d_v]; parallel.py's rule tables map
+# them to mesh axes, as they do the parameters' names ('kv' names d_k and d_v, as in the projections' kernels).
 KV_AXES = PartitionSpec("batch", "heads", "length", "kv")
 
 
@@ -47,8 +47,8 @@ class KVCache(struct.PyTreeNode):
     """Self-attention keys/values of every position decoded so far, one position per step (§3.2.3: a position
     attends to the positions up to and including itself).
 
-    key, value: [groups, heads, max_len * block, head_dim]; the key of position t written by row k of a group sits
-    at t * block + k, so a step writes one contiguous slice.
+    key: [groups, heads, max_len * block, d_k], value: [groups, heads, max_len * block, d_v]; the key and value of
+    position t written by row k of a group sit at t * block + k, so a step writes one contiguous slice.
     lineage: [groups, block, max_len] int32: for the hypothesis now in row j of a group, which row of the group
     holds its position s. Reordering hypotheses moves this small table, not the keys (`reorder`).
     index: [] int32, the next position.
@@ -61,32 +61,32 @@ class KVCache(struct.PyTreeNode):
     block: int = struct.field(pytree_node=False)
 
     @classmethod
-    def empty(cls, rows: int, heads: int, max_len: int, head_dim: int, dtype, block: int = 1) -> KVCache:
-        """Room for `max_len` positions of `rows` decoded rows, in groups of `block` consecutive rows."""
+    def empty(cls, rows: int, heads: int, max_len: int, key_dim: int, value_dim: int, dtype, block: int = 1) -> KVCache:
+        """Room for `max_len` positions of `rows` decoded rows, in groups of `block` consecutive rows; keys of
+        key_dim (d_k) and values of value_dim (d_v) per head."""
         if rows % block:
             raise ValueError(f"{rows} decoded rows do not split into groups of block={block}.")
         groups = rows // block
-        keys = jnp.zeros((groups, heads, max_len * block, head_dim), dtype)  # [groups, heads, max_len * block, d]
         return cls(
-            key=keys,
-            value=keys,
+            key=jnp.zeros((groups, heads, max_len * block, key_dim), dtype),  # [groups, heads, max_len * block, d_k]
+            value=jnp.zeros((groups, heads, max_len * block, value_dim), dtype),  # [.., d_v]
             lineage=jnp.zeros((groups, block, max_len), jnp.int32),
             index=jnp.array(0, jnp.int32),
             block=block,
         )
 
     def append(self, key: jnp.ndarray, value: jnp.ndarray, mask: jnp.ndarray | None = None):
-        """Writes this step's key/value [rows, heads, 1, head_dim] at `index`.
+        """Writes this step's key [rows, heads, 1, d_k] and value [rows, heads, 1, d_v] at `index`.
 
         Returns the new cache and the mask [rows, 1 | heads, 1, max_len * block] over its keys: each row sees the
         positions written so far of its own hypothesis (its lineage). `mask`, over positions (broadcastable to
         [rows, heads, 1, max_len]), also applies, in whichever row of the group holds the position.
         """
-        groups, heads, _, head_dim = self.key.shape
+        groups, heads = self.key.shape[:2]
         block, max_len = self.block, self.lineage.shape[-1]
 
-        def write(cache, new):  # new: [rows, heads, 1, head_dim] -> positions index * block ... + block - 1
-            new = jnp.swapaxes(new[:, :, 0].reshape(groups, block, heads, head_dim), 1, 2)  # [groups, heads, block, d]
+        def write(cache, new):  # new: [rows, heads, 1, d] -> positions index * block ... + block - 1
+            new = jnp.swapaxes(new[:, :, 0].reshape(groups, block, heads, -1), 1, 2)  # [groups, heads, block, d]
             return lax.dynamic_update_slice(cache, new.astype(cache.dtype), (0, 0, self.index * block, 0))
 
         own_rows = jnp.broadcast_to(jnp.arange(block, dtype=jnp.int32)[None, :, None], (groups, block, 1))
@@ -126,8 +126,8 @@ class KVCache(struct.PyTreeNode):
 
 
 class MemoryCache(struct.PyTreeNode):
-    """Cross-attention keys/values of the encoder output [sources, heads, src_len, head_dim], projected once per
-    source and read by all its decoded rows (its hypotheses in beam search): reordering leaves them."""
+    """Cross-attention keys [sources, heads, src_len, d_k] and values [.., d_v] of the encoder output, projected once
+    per source and read by all its decoded rows (its hypotheses in beam search): reordering leaves them."""
 
     key: jax.Array
     value: jax.Array

@@ -48,6 +48,7 @@ __all__ = [
     "import_torch_state_dict",
     "torch_greedy_decode",
     "parameter_map",
+    "check_convertible",
 ]
 
 
@@ -81,6 +82,18 @@ def _transposed(flax_path, torch_key, flax_shape):
     return _Entry(
         torch_key, (flax_path,), (tuple(flax_shape),), tuple(flax_shape[::-1]), lambda a: a[0].T, lambda t: [t.T]
     )
+
+
+def check_convertible(config: ModelConfig) -> None:
+    """Raises ConversionError where the torch reference cannot hold the model: its nn.MultiheadAttention has
+    d_k = d_v = d_model / num_heads, so key_dim and value_dim must be left at (or equal) that default."""
+    if config.d_model % config.num_heads or config.d_k != config.head_dim or config.d_v != config.head_dim:
+        raise ConversionError(
+            f"torch's nn.MultiheadAttention has d_k = d_v = d_model / num_heads, but this model has "
+            f"ModelConfig.key_dim={config.key_dim} (d_k={config.d_k}) and value_dim={config.value_dim} "
+            f"(d_v={config.d_v}) with d_model={config.d_model}, num_heads={config.num_heads}; only a model with "
+            "key_dim and value_dim None (or d_model / num_heads) converts."
+        )
 
 
 def _attention_entries(cfg: ModelConfig, flax_prefix: str, torch_prefix: str) -> list[_Entry]:
@@ -140,7 +153,9 @@ def _ffn_entries(cfg: ModelConfig, flax_prefix: str, torch_prefix: str) -> list[
 
 
 def parameter_map(config: ModelConfig) -> list[_Entry]:
-    """Every torch state_dict entry of `TorchTransformer(config)` and the Flax parameters behind it."""
+    """Every torch state_dict entry of `TorchTransformer(config)` and the Flax parameters behind it
+    (ConversionError where torch cannot hold the model, `check_convertible`)."""
+    check_convertible(config)
     cfg = config
     entries: list[_Entry] = []
     if cfg.share_embeddings:
@@ -235,8 +250,8 @@ def flax_to_torch_state_dict(params: Any, config: ModelConfig) -> dict[str, torc
     Also converts anything shaped like the params, e.g. gradients. Raises ConversionError naming every
     missing or unexpected parameter, or the first one with a wrong shape.
     """
-    flat = {"/".join(path): np.asarray(value) for path, value in traverse_util.flatten_dict(_flax_tree(params)).items()}
     entries = parameter_map(config)
+    flat = {"/".join(path): np.asarray(value) for path, value in traverse_util.flatten_dict(_flax_tree(params)).items()}
     _check_names("Flax", set(flat), {path for entry in entries for path in entry.flax_paths})
     state_dict = {}
     for entry in entries:
@@ -280,6 +295,7 @@ def import_torch_state_dict(path: str | os.PathLike, config: ModelConfig) -> dic
 
     Accepts a bare state_dict or a dict holding one under 'state_dict' (a common training checkpoint).
     """
+    check_convertible(config)
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:

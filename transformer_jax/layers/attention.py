@@ -27,7 +27,7 @@ def _masked_softmax(scores: jnp.ndarray, mask: jnp.ndarray | None) -> jnp.ndarra
 def attention_weights(query: jnp.ndarray, key: jnp.ndarray, mask: jnp.ndarray | None = None) -> jnp.ndarray:
     """softmax(Q K^T / sqrt(d_k)) in float32, masked before the softmax.
 
-    query: [batch, q_len, heads, head_dim]; key: [batch, kv_len, heads, head_dim];
+    query: [batch, q_len, heads, d_k]; key: [batch, kv_len, heads, d_k];
     mask: boolean, broadcastable to [batch, heads, q_len, kv_len], True = may attend.
     Returns [batch, heads, q_len, kv_len]; a row with no allowed key is all zeros (never NaN).
     """
@@ -38,17 +38,17 @@ def attention_weights(query: jnp.ndarray, key: jnp.ndarray, mask: jnp.ndarray | 
 def cached_attention_weights(query: jnp.ndarray, key: jnp.ndarray, mask: jnp.ndarray | None = None) -> jnp.ndarray:
     """attention_weights against a decode cache in heads-major order.
 
-    query: [rows, q_len, heads, head_dim] (q_len 1 at a decode step); key: [groups, heads, kv_len, head_dim], read
+    query: [rows, q_len, heads, d_k] (q_len 1 at a decode step); key: [groups, heads, kv_len, d_k], read
     by g = rows / groups consecutive query rows (g > 1: rows that share one group of cached keys,
     decoding/kv_cache.py). Heads-major keys make a decode step one batched dot over the cache as stored.
     mask: broadcastable to [rows, heads, q_len, kv_len].
     Returns [rows, heads, q_len, kv_len].
     """
-    groups, heads, kv_len, head_dim = key.shape
-    grouped = query.reshape((groups, -1) + query.shape[1:])  # [groups, g, q_len, heads, head_dim]
+    groups, heads, kv_len, d_k = key.shape
+    grouped = query.reshape((groups, -1) + query.shape[1:])  # [groups, g, q_len, heads, d_k]
     scores = jnp.einsum("sgqhd,shkd->sghqk", grouped, key, preferred_element_type=jnp.float32)
     scores = scores.reshape(query.shape[0], heads, query.shape[1], kv_len)  # [rows, heads, q_len, kv_len]
-    return _masked_softmax(scores / jnp.sqrt(jnp.float32(head_dim)), mask)
+    return _masked_softmax(scores / jnp.sqrt(jnp.float32(d_k)), mask)
 
 
 def _attention_dropout(weights, dropout_rate, dropout_rng, deterministic):
@@ -71,7 +71,7 @@ def read_values(
 ) -> jnp.ndarray:
     """Weighted sum of values, with optional dropout on the weights (not in the paper; off by default).
 
-    weights: [batch, heads, q_len, kv_len]; value: [batch, kv_len, heads, head_dim] -> [batch, q_len, heads, head_dim].
+    weights: [batch, heads, q_len, kv_len]; value: [batch, kv_len, heads, d_v] -> [batch, q_len, heads, d_v].
     """
     weights = _attention_dropout(weights, dropout_rate, dropout_rng, deterministic).astype(value.dtype)
     return jnp.einsum("bhqk,bkhd->bqhd", weights, value)
@@ -79,11 +79,11 @@ def read_values(
 
 def read_cached_values(weights: jnp.ndarray, value: jnp.ndarray) -> jnp.ndarray:
     """read_values against a decode cache: weights [rows, heads, q_len, kv_len] from cached_attention_weights,
-    value [groups, heads, kv_len, head_dim] (heads-major, shared by rows / groups consecutive rows)
-    -> [rows, q_len, heads, head_dim]."""
-    groups, heads, kv_len, head_dim = value.shape
+    value [groups, heads, kv_len, d_v] (heads-major, shared by rows / groups consecutive rows)
+    -> [rows, q_len, heads, d_v]."""
+    groups = value.shape[0]
     grouped = weights.astype(value.dtype).reshape((groups, -1) + weights.shape[1:])  # [groups, g, heads, q, kv]
-    out = jnp.einsum("sghqk,shkd->sgqhd", grouped, value)  # [groups, g, q_len, heads, head_dim]
+    out = jnp.einsum("sghqk,shkd->sgqhd", grouped, value)  # [groups, g, q_len, heads, d_v]
     return out.reshape((weights.shape[0],) + out.shape[2:])
 
 
@@ -99,8 +99,8 @@ def dot_product_attention(
 ) -> jnp.ndarray:
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, as a pure function.
 
-    query: [batch, q_len, heads, head_dim]; key, value: [batch, kv_len, heads, head_dim].
-    Returns [batch, q_len, heads, head_dim] in the value's dtype.
+    query, key: [batch, q_len | kv_len, heads, d_k]; value: [batch, kv_len, heads, d_v].
+    Returns [batch, q_len, heads, d_v] in the value's dtype.
     """
     return read_values(
         attention_weights(query, key, mask),
@@ -138,7 +138,8 @@ def fused_attention(
 ) -> jnp.ndarray:
     """`jax.nn.dot_product_attention` with implementation 'xla' or 'cudnn' (checked before it compiles).
 
-    query: [batch, q_len, heads, head_dim]; key, value: [batch, kv_len, heads, head_dim]; mask: boolean,
+    query: [batch, q_len, heads, head_dim]; key, value: [batch, kv_len, heads, head_dim] (the kernel needs
+    d_k = d_v = head_dim; ModelConfig checks it); mask: boolean,
     broadcastable to [batch, heads, q_len, kv_len]. Returns [batch, q_len, heads, head_dim]. A query row with no
     allowed key gets the mean of the values here (the einsum path gives zeros); such rows are padding.
     """
@@ -151,7 +152,8 @@ def fused_attention(
 
 
 class MultiHeadAttention(nn.Module):
-    """h parallel heads of width d_k = d_model / h with separate Q, K, V, O projections (§3.2.2).
+    """h parallel heads with separate Q, K, V, O projections (§3.2.2): queries and keys of d_k per head, values of
+    d_v (config.d_k, config.d_v; both d_model / h unless key_dim / value_dim say otherwise).
 
     `attn(x)` is self-attention, `attn(x, memory)` is cross-attention. With `decode=True` the keys/values live in
     the 'cache' collection (decoding/kv_cache.py): self-attention appends this step's key/value to a KVCache of the
@@ -163,9 +165,10 @@ class MultiHeadAttention(nn.Module):
     config: ModelConfig
 
     def _projection(self, name: str) -> nn.DenseGeneral:
+        """The query/key ([embed, heads, d_k]) or value ([embed, heads, d_v]) projection."""
         cfg = self.config
         return nn.DenseGeneral(
-            features=(cfg.num_heads, cfg.head_dim),
+            features=(cfg.num_heads, cfg.d_v if name == "value" else cfg.d_k),
             use_bias=cfg.attention_bias,
             name=name,
             dtype=cfg.dtype,
@@ -186,18 +189,18 @@ class MultiHeadAttention(nn.Module):
         cache_block: int = 1,
     ) -> jnp.ndarray:
         cfg = self.config
-        query = self._projection("query")(inputs_q)  # [batch, q_len, heads, head_dim]
-        if decode:  # keys/values from the cache, heads-major [groups, heads, kv_len, head_dim]; no dropout
+        query = self._projection("query")(inputs_q)  # [batch, q_len, heads, d_k]
+        if decode:  # keys/values from the cache, heads-major [groups, heads, kv_len, d_k | d_v]; no dropout
             if inputs_kv is None:
                 key, value, mask = self._append_to_cache(inputs_q, mask, cache_block)
             else:
                 key, value = self._cached_memory(inputs_kv)
             weights = cached_attention_weights(query, key, mask)  # [batch, heads, q_len, kv_len]
-            attended = read_cached_values(weights, value)  # [batch, q_len, heads, head_dim]
+            attended = read_cached_values(weights, value)  # [batch, q_len, heads, d_v]
         else:
             source = inputs_q if inputs_kv is None else inputs_kv
-            key = self._projection("key")(source)  # [batch, kv_len, heads, head_dim]
-            value = self._projection("value")(source)
+            key = self._projection("key")(source)  # [batch, kv_len, heads, d_k]
+            value = self._projection("value")(source)  # [batch, kv_len, heads, d_v]
             if cfg.attention_impl == "einsum":
                 dropout_rng = None
                 if not deterministic and cfg.attention_dropout_rate > 0.0:
@@ -209,7 +212,7 @@ class MultiHeadAttention(nn.Module):
                     dropout_rate=cfg.attention_dropout_rate,
                     dropout_rng=dropout_rng,
                     deterministic=deterministic,
-                )  # [batch, q_len, heads, head_dim]
+                )  # [batch, q_len, heads, d_v]
             else:  # a fused kernel: no weights to show
                 attended = fused_attention(query, key, value, mask, cfg.attention_impl)
                 weights = None
@@ -223,17 +226,17 @@ class MultiHeadAttention(nn.Module):
             dtype=cfg.dtype,
             param_dtype=cfg.param_dtype,
             dot_general=dense_dot_general,
-            kernel_init=kernel_init(("heads", "kv", "embed")),
+            kernel_init=kernel_init(("heads", "kv", "embed")),  # [heads, d_v, embed]
             bias_init=bias_init(("embed",)),
         )(attended)  # [batch, q_len, d_model]
 
     def _projected(self, name: str, inputs: jnp.ndarray) -> jnp.ndarray:
-        """Heads-major key or value projection: [batch, length, d_model] -> [batch, heads, length, head_dim]."""
+        """Heads-major key or value projection: [batch, length, d_model] -> [batch, heads, length, d_k | d_v]."""
         return jnp.swapaxes(self._projection(name)(inputs), 1, 2)
 
     def _cached_memory(self, memory: jnp.ndarray):
-        """Cross-attention keys/values of the encoder output [sources, heads, src_len, head_dim], projected on the
-        first call only."""
+        """Cross-attention keys [sources, heads, src_len, d_k] and values [.., d_v] of the encoder output, projected
+        on the first call only."""
         cache = self.variable(
             "cache", "memory", lambda: MemoryCache(self._projected("key", memory), self._projected("value", memory))
         )
@@ -241,17 +244,16 @@ class MultiHeadAttention(nn.Module):
 
     def _append_to_cache(self, inputs, mask, cache_block: int):
         """Self-attention decode step: writes this step's key/value into the KVCache and returns its keys/values
-        [groups, heads, kv_len, head_dim] with the mask over them.
+        [groups, heads, kv_len, d_k | d_v] with the mask over them.
 
         The first call (cache initialisation) sees the full-length target and only sizes the cache; its output is
         not meaningful.
         """
-        key, value = self._projected("key", inputs), self._projected("value", inputs)  # [rows, heads, q_len, d]
+        key, value = self._projected("key", inputs), self._projected("value", inputs)  # [rows, heads, q_len, d_k|d_v]
         if not self.has_variable("cache", "keys_values"):
-            rows, heads, max_len, head_dim = key.shape
-            self.put_variable(
-                "cache", "keys_values", KVCache.empty(rows, heads, max_len, head_dim, key.dtype, cache_block)
-            )
+            rows, heads, max_len, key_dim = key.shape
+            empty = KVCache.empty(rows, heads, max_len, key_dim, value.shape[-1], key.dtype, cache_block)
+            self.put_variable("cache", "keys_values", empty)
             return key, value, mask
         cache: nn.Variable[KVCache] = self.variable("cache", "keys_values")
         cache.value, mask = cache.value.append(key, value, mask)
