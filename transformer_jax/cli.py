@@ -391,6 +391,37 @@ def _run_export_torch(args: argparse.Namespace) -> int:
     return 0
 
 
+@register("export-ctranslate2", help="Write a checkpoint as a CTranslate2 model directory (needs ctranslate2).")
+def _export_ctranslate2_command(parser: argparse.ArgumentParser) -> Handler:
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--checkpoint", default=None, help="a step, 'averaged', 'imported', or nothing for the latest")
+    parser.add_argument("--output", required=True, help="the model directory to write (new or empty)")
+    parser.add_argument("--quantization", default=None, help="weight type, e.g. int8 or float16 (default float32)")
+    parser.add_argument("--force", action="store_true", help="replace a non-empty --output")
+    return _run_export_ctranslate2
+
+
+def _run_export_ctranslate2(args: argparse.Namespace) -> int:
+    from transformer_jax import workdir
+    from transformer_jax.interop.ctranslate2 import (
+        QUANTIZATIONS,
+        check_expressible,
+        check_output_dir,
+        export_ctranslate2,
+    )
+
+    if args.quantization not in (None, *QUANTIZATIONS):
+        raise UsageError(f"--quantization {args.quantization} is unknown; use one of {', '.join(QUANTIZATIONS)}.")
+    check_output_dir(args.output, force=args.force)  # before loading anything
+    check_expressible(workdir.model_config_from_workdir(args.workdir))
+    model_config, params, tokenizer = workdir.load_model_for_inference(args.workdir, args.checkpoint)
+    export_ctranslate2(params, model_config, tokenizer, args.output, quantization=args.quantization, force=args.force)
+    print(
+        f"wrote {args.output}: load it with ctranslate2.Translator({args.output!r}) and translate SentencePiece pieces"
+    )
+    return 0
+
+
 @register("import-torch", help="Load a torch state_dict file into a workdir as --checkpoint imported.")
 def _import_torch_command(parser: argparse.ArgumentParser) -> Handler:
     parser.add_argument("--workdir", required=True, help="a workdir whose config.json describes the model")
@@ -449,6 +480,8 @@ EXAMPLES = {
     "export-torch": "examples:\n"
     "  transformer-jax export-torch --workdir runs/tiny --checkpoint averaged --output model.pt",
     "import-torch": "examples:\n  transformer-jax import-torch --workdir runs/tiny --input model.pt",
+    "export-ctranslate2": "examples:\n"
+    "  transformer-jax export-ctranslate2 --workdir runs/tiny --checkpoint averaged --output ct2 --quantization int8",
 }
 
 
