@@ -3,7 +3,7 @@ the process exits within a bounded time, with 143 or the signal, no traceback, a
 
 The run resumes in the same workdir trial after trial, so later signals land in the middle of training and of
 checkpoint saves (one every 2 updates, asynchronous). The default test signals at four fixed moments read from the
-process's output and its checkpoint directory; the slow one at 20 seeded random moments.
+process's output and its checkpoint directory; `pytest -m stress` adds 20 seeded random moments.
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def test_sigterm_while_compiling_training_and_saving_leaves_a_loadable_checkpoin
         assert saved_steps(workdir)[-1] > before  # training advanced; the newest save completed
 
 
-@pytest.mark.slow
+@pytest.mark.stress
 def test_sigterm_at_random_moments_leaves_a_loadable_checkpoint(tmp_path):
     rng = random.Random(0)
     command, workdir = train_command(tmp_path), tmp_path / "run"
