@@ -87,6 +87,11 @@ class ModelConfig:
         """Per-head size of values (§3.2.2): value_dim, or d_model / num_heads."""
         return self.head_dim if self.value_dim is None else self.value_dim
 
+    @property
+    def has_paper_head_sizes(self) -> bool:
+        """d_k = d_v = d_model / num_heads (§3.2.2), the only sizes torch's and CTranslate2's attention hold."""
+        return self.d_model % self.num_heads == 0 and self.d_k == self.d_v == self.head_dim
+
     def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 

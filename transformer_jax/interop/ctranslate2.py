@@ -158,7 +158,7 @@ def _check_vocabulary(pieces: list[str], cfg: ModelConfig) -> None:
 def check_expressible(config: ModelConfig) -> None:
     """Raises CTranslate2ExportError for what TransformerSpec cannot hold: one per-head size for queries, keys
     and values, d_model / num_heads (its fused QKV splits evenly)."""
-    if config.d_model % config.num_heads or config.d_k != config.head_dim or config.d_v != config.head_dim:
+    if not config.has_paper_head_sizes:
         raise CTranslate2ExportError(
             f"CTranslate2's TransformerSpec has d_k = d_v = d_model / num_heads, but this model has "
             f"ModelConfig.key_dim={config.key_dim} (d_k={config.d_k}) and value_dim={config.value_dim} "

@@ -87,7 +87,7 @@ def _transposed(flax_path, torch_key, flax_shape):
 def check_convertible(config: ModelConfig) -> None:
     """Raises ConversionError where the torch reference cannot hold the model: its nn.MultiheadAttention has
     d_k = d_v = d_model / num_heads, so key_dim and value_dim must be left at (or equal) that default."""
-    if config.d_model % config.num_heads or config.d_k != config.head_dim or config.d_v != config.head_dim:
+    if not config.has_paper_head_sizes:
         raise ConversionError(
             f"torch's nn.MultiheadAttention has d_k = d_v = d_model / num_heads, but this model has "
             f"ModelConfig.key_dim={config.key_dim} (d_k={config.d_k}) and value_dim={config.value_dim} "
