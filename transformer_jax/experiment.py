@@ -204,6 +204,13 @@ class DecodeConfig(_Section):
     max_decode_len: int | None = dataclasses.field(
         default=None, metadata={"help": "static output buffer (default: padded source width + extra length)"}
     )
+    cache_segment: int = dataclasses.field(
+        default=16,
+        metadata={
+            "help": "the decode cache starts with room for this many positions and doubles when full, so that "
+            "attention reads about the positions written (0 = the whole buffer from the start)"
+        },
+    )
     gather: Literal["take", "one_hot"] = dataclasses.field(
         default="take",
         metadata={
@@ -214,6 +221,8 @@ class DecodeConfig(_Section):
     def _validate(self) -> None:
         if not isinstance(self.extra_length, int) or self.extra_length < 0:
             raise ConfigError(f"decode.extra_length must be a non-negative integer, got {self.extra_length!r}.")
+        if isinstance(self.cache_segment, bool) or not isinstance(self.cache_segment, int) or self.cache_segment < 0:
+            raise ConfigError(f"decode.cache_segment must be a non-negative integer, got {self.cache_segment!r}.")
         if self.max_decode_len is not None and not _positive_int(self.max_decode_len):
             raise ConfigError(f"decode.max_decode_len must be None or a positive integer, got {self.max_decode_len!r}.")
 

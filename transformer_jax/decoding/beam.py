@@ -21,7 +21,7 @@ batch-sharded cache keeps them on one device); search arrays are [batch, beam, .
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import flax.linen as nn
@@ -38,6 +38,7 @@ from transformer_jax.decoding.cache import (
     as_params,
     constrain_cache,
     encode,
+    growing_cache_loop,
     init_cache,
     reorder_cache,
     transformer_step_fn,
@@ -45,11 +46,13 @@ from transformer_jax.decoding.cache import (
 from transformer_jax.decoding.config import (
     NEG_INF,
     DecodeConfig,
+    cache_lengths,
     length_penalty,
     per_sentence_limits,
     resolve_max_decode_len,
 )
 from transformer_jax.decoding.kv_cache import gather_beams
+from transformer_jax.decoding.select import top_k
 
 
 class BeamState(NamedTuple):
@@ -97,13 +100,16 @@ def beam_search_core(
     one_hot: bool = False,
     early_stopping: bool = True,
     constrain: Callable[[Cache], Cache] = lambda cache: cache,
+    cache_lengths: Sequence[int] | None = None,
     return_state: bool = False,
 ):
     """Beam search over any step function (traceable; call it inside jit).
 
     cache: leaves [batch * beam_size, ...] (rows of a sentence adjacent). max_lengths: [batch] per-sentence
-    length limits (default max_decode_len). early_stopping=False runs every sentence to its limit (same
-    result, for tests). return_state=True also returns the final BeamState (e.g. `.step`, the steps run).
+    length limits (default max_decode_len). cache_lengths: the lengths a decode cache grows through
+    (cache.growing_cache_loop; `cache` starts at the first), default (max_decode_len,). early_stopping=False runs
+    every sentence to its limit (same result, for tests). return_state=True also returns the final BeamState (e.g.
+    `.step`, the steps run).
     Returns (sequences [batch, beam, max_decode_len] pad after EOS, scores [batch, beam])
     best first; slots with no hypothesis (tiny vocabularies only) have score -inf and pad tokens.
     """
@@ -131,7 +137,7 @@ def beam_search_core(
         # order is the log-softmax's) cuts the search to [batch, beam * (2 * beam + 1)] candidates; no
         # [batch * beam, vocab] array of log-probabilities is written.
         per_row = min(2 * beam + 1, logits.shape[-1])  # a vocabulary smaller than that keeps every token
-        row_logits, row_tokens = lax.top_k(logits, per_row)  # [batch * beam, per_row]
+        row_logits, row_tokens = top_k(logits, per_row)  # [batch * beam, per_row]
         row_log_probs = row_logits - jax.nn.logsumexp(logits, axis=-1, keepdims=True)
         row_log_probs = jnp.where(row_tokens == pad_id, NEG_INF, row_log_probs)
         row_log_probs = row_log_probs.reshape(batch, beam, -1) + state.live_log_probs[:, :, None]
@@ -176,7 +182,7 @@ def beam_search_core(
         finished_flags=jnp.zeros((batch, beam), bool),
         cache=constrain(cache),
     )
-    final = lax.while_loop(continue_search, step, initial)
+    final = growing_cache_loop(continue_search, step, initial, cache_lengths or (length,))
     # Every sentence ends at its limit with all live hypotheses finished, or stops early with a full list.
     sequences = jnp.where(final.finished_flags[:, :, None], final.finished_seqs, pad_id)
     scores = jnp.where(final.finished_flags, final.finished_scores, -jnp.inf)
@@ -196,6 +202,7 @@ def _repeat_for_beams(x: jnp.ndarray, beam_size: int) -> jnp.ndarray:
         "alpha",
         "max_decode_len",
         "extra_length",
+        "cache_segment",
         "one_hot",
         "early_stopping",
         "mesh",
@@ -211,6 +218,7 @@ def _beam_search(
     alpha: float,
     max_decode_len: int,
     extra_length: int,
+    cache_segment: int,
     one_hot: bool,
     early_stopping: bool,
     mesh: Mesh | None,
@@ -222,7 +230,8 @@ def _beam_search(
     # shared by its hypotheses (layers.attention groups the query rows); only the source ids are repeated. The
     # hypotheses' self-attention keys stay where they were computed, in one group per sentence (kv_cache.KVCache).
     flat_inputs = _repeat_for_beams(inputs, beam_size)  # [batch * beam, src_len]
-    cache = init_cache(model, params, encoded, flat_inputs, max_decode_len, beam_size=beam_size)
+    lengths = cache_lengths(max_decode_len, cache_segment)
+    cache = init_cache(model, params, encoded, flat_inputs, lengths[0], beam_size=beam_size)
     return beam_search_core(
         transformer_step_fn(model, params, encoded, flat_inputs),
         cache,
@@ -237,6 +246,7 @@ def _beam_search(
         one_hot=one_hot,
         early_stopping=early_stopping,
         constrain=lambda cache: constrain_cache(cache, mesh, rules),
+        cache_lengths=lengths,
     )
 
 
@@ -278,6 +288,7 @@ def beam_search(
         alpha=float(alpha),
         max_decode_len=max_decode_len,
         extra_length=config.extra_length,
+        cache_segment=config.cache_segment,
         one_hot=config.gather == "one_hot",
         early_stopping=early_stopping,
         mesh=mesh,

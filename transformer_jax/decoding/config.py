@@ -49,3 +49,14 @@ def per_sentence_limits(inputs: jnp.ndarray, pad_id: int, extra_length: int, max
     """
     source_lengths = jnp.sum(inputs != pad_id, axis=-1).astype(jnp.int32)  # [batch]
     return jnp.clip(source_lengths + extra_length, 1, max_decode_len)
+
+
+def cache_lengths(max_decode_len: int, first: int) -> tuple[int, ...]:
+    """The lengths the decode cache grows through (cache.growing_cache_loop): `first`, doubled while the double
+    stays below max_decode_len, then max_decode_len; (max_decode_len,) when first is 0 or not below it."""
+    if first <= 0 or first >= max_decode_len:
+        return (max_decode_len,)
+    lengths = [first]
+    while lengths[-1] * 2 < max_decode_len:
+        lengths.append(lengths[-1] * 2)
+    return (*lengths, max_decode_len)

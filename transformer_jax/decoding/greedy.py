@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import flax.linen as nn
@@ -20,10 +20,18 @@ from transformer_jax.decoding.cache import (
     as_params,
     constrain_cache,
     encode,
+    growing_cache_loop,
     init_cache,
     transformer_step_fn,
 )
-from transformer_jax.decoding.config import NEG_INF, DecodeConfig, per_sentence_limits, resolve_max_decode_len
+from transformer_jax.decoding.config import (
+    NEG_INF,
+    DecodeConfig,
+    cache_lengths,
+    per_sentence_limits,
+    resolve_max_decode_len,
+)
+from transformer_jax.decoding.select import first_argmax
 
 
 class GreedyState(NamedTuple):
@@ -46,12 +54,15 @@ def greedy_search(
     eos_id: int,
     pad_id: int,
     constrain: Callable[[Cache], Cache] = lambda cache: cache,
+    cache_lengths: Sequence[int] | None = None,
 ):
     """Greedy search over any step function (traceable; call it inside jit).
 
     Stops when every row has emitted EOS or reached its limit (`max_lengths` [batch], default
-    max_decode_len). The pad token is never chosen. Returns (tokens [batch, max_decode_len] with pad after
-    EOS, lengths [batch] counting the EOS, log_probs [batch] = log P(tokens)).
+    max_decode_len). The pad token is never chosen. cache_lengths: the lengths a decode cache grows through
+    (cache.growing_cache_loop; `cache` starts at the first), default (max_decode_len,), one fixed cache.
+    Returns (tokens [batch, max_decode_len] with pad after EOS, lengths [batch] counting the EOS, log_probs
+    [batch] = log P(tokens)).
     """
     if max_lengths is None:
         max_lengths = jnp.full((batch_size,), max_decode_len, jnp.int32)
@@ -62,8 +73,7 @@ def greedy_search(
     def step(state: GreedyState) -> GreedyState:
         logits, cache = step_fn(state.last, state.cache)  # [batch, vocab] float32
         # The argmax of the logits is the log-softmax's; pad is not a token a translation may contain.
-        token = jnp.argmax(logits.at[:, pad_id].set(NEG_INF), axis=-1).astype(jnp.int32)  # [batch]
-        token_logit = jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0]
+        token_logit, token = first_argmax(logits.at[:, pad_id].set(NEG_INF))  # [batch], [batch]
         token_log_prob = token_logit - jax.nn.logsumexp(logits, axis=-1)
         token = jnp.where(state.done, pad_id, token)
         tokens = lax.dynamic_update_slice(state.tokens, token[:, None], (0, state.step))
@@ -85,18 +95,29 @@ def greedy_search(
         log_probs=jnp.zeros((batch_size,), jnp.float32),
         cache=constrain(cache),
     )
-    final = lax.while_loop(not_finished, step, initial)
+    final = growing_cache_loop(not_finished, step, initial, cache_lengths or (max_decode_len,))
     lengths = jnp.sum(final.tokens != pad_id, axis=-1).astype(jnp.int32)
     return final.tokens, lengths, final.log_probs
 
 
-@functools.partial(jax.jit, static_argnames=("model", "max_decode_len", "extra_length", "mesh", "rules"))
+@functools.partial(
+    jax.jit, static_argnames=("model", "max_decode_len", "extra_length", "cache_segment", "mesh", "rules")
+)
 def _greedy_decode(
-    model: nn.Module, params, inputs, *, max_decode_len: int, extra_length: int, mesh: Mesh | None, rules
+    model: nn.Module,
+    params,
+    inputs,
+    *,
+    max_decode_len: int,
+    extra_length: int,
+    cache_segment: int,
+    mesh: Mesh | None,
+    rules,
 ):
     cfg = model.config
     encoded = encode(model, params, inputs)  # [batch, src_len, d_model]
-    cache = init_cache(model, params, encoded, inputs, max_decode_len)
+    lengths = cache_lengths(max_decode_len, cache_segment)
+    cache = init_cache(model, params, encoded, inputs, lengths[0])
     return greedy_search(
         transformer_step_fn(model, params, encoded, inputs),
         cache,
@@ -107,6 +128,7 @@ def _greedy_decode(
         eos_id=cfg.eos_id,
         pad_id=cfg.pad_id,
         constrain=lambda cache: constrain_cache(cache, mesh, rules),
+        cache_lengths=lengths,
     )
 
 
@@ -139,6 +161,7 @@ def greedy_decode(
         inputs,
         max_decode_len=max_decode_len,
         extra_length=config.extra_length,
+        cache_segment=config.cache_segment,
         mesh=mesh,
         rules=tuple(rules),
     )

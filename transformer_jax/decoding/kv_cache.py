@@ -101,6 +101,18 @@ class KVCache(struct.PyTreeNode):
         )
         return cache, visible
 
+    def resized(self, max_len: int) -> KVCache:
+        """The same cache with room for `max_len` positions (at least those it has): zeros appended, as `empty`."""
+        extra = max_len - self.lineage.shape[-1]
+        if extra < 0:
+            raise ValueError(f"a cache of {self.lineage.shape[-1]} positions cannot shrink to {max_len}.")
+        more_positions = ((0, 0), (0, 0), (0, extra * self.block), (0, 0))
+        return self.replace(
+            key=jnp.pad(self.key, more_positions),
+            value=jnp.pad(self.value, more_positions),
+            lineage=jnp.pad(self.lineage, ((0, 0), (0, 0), (0, extra))),
+        )
+
     def reorder(self, indices: jnp.ndarray, *, one_hot: bool = False) -> KVCache:
         """Hypothesis j of sentence b continues hypothesis indices[b, j] ([batch, beam]).
 
@@ -131,6 +143,9 @@ class MemoryCache(struct.PyTreeNode):
 
     key: jax.Array
     value: jax.Array
+
+    def resized(self, max_len: int) -> MemoryCache:
+        return self
 
     def reorder(self, indices: jnp.ndarray, *, one_hot: bool = False) -> MemoryCache:
         return self
