@@ -226,12 +226,21 @@ def test_search_speed_benchmark_runs_on_a_trained_workdir(workdir, tmp_path, cap
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments" / "bench"))
     import search_speed
 
-    source, out = tmp_path / "source.en", tmp_path / "search.json"
+    source, reference, out = tmp_path / "source.en", tmp_path / "reference.de", tmp_path / "search.json"
     source.write_text("\n".join(SOURCES) + "\n")
-    search_speed.main(["--workdir", str(workdir), "--source", str(source), "--beams", "2", "--out", str(out)])
+    reference.write_text("\n".join(["drei kleine rote katzen", "", "der 3. mai 2021", "ich denke"]) + "\n")
+    argv = ["--workdir", str(workdir), "--source", str(source), "--reference", str(reference), "--beams", "2"]
+    search_speed.main(argv + ["--repeats", "1", "--out", str(out)])
     rows = json.loads(out.read_text())["rows"]
-    assert [row["method"] for row in rows] == ["greedy", "beam 2"] and rows[1]["decode"]["beam_size"] == 2
-    assert all(row["sentences_per_s"] > 0 for row in rows) and "beam 2" in capsys.readouterr().out
+    methods = ["greedy", "beam 2"]
+    assert [(row["engine"], row["method"]) for row in rows[:2]] == [("transformer_jax", m) for m in methods]
+    assert rows[1]["decode"]["beam_size"] == 2
+    ctranslate2_rows = [(row["engine"].split()[-1], row["method"]) for row in rows[2:]]
+    searches = methods + ["beam 2 GNMT re-ranked"]
+    assert ctranslate2_rows == [(q, m) for q in ("float32", "int8") for m in searches]
+    assert all(row["sentences_per_s"] > 0 and 0 <= row["bleu_lc"] <= 100 for row in rows)
+    assert all(0 <= row["same_as_project"] <= len(SOURCES) for row in rows[2:])
+    assert "GNMT re-ranked" in capsys.readouterr().out
 
 
 def test_average_refuses_a_fraction_outside_the_run(workdir, monkeypatch, capsys):

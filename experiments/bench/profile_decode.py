@@ -33,8 +33,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from profile_step import hlo_instructions  # noqa: E402
 from results_file import write_results  # noqa: E402
 
-from transformer_jax.decoding import beam_search_core, greedy_search, init_cache, transformer_step_fn  # noqa: E402
+from transformer_jax.decoding import (  # noqa: E402
+    DecodeConfig,
+    beam_search_core,
+    greedy_search,
+    init_cache,
+    transformer_step_fn,
+)
 from transformer_jax.decoding.cache import encode  # noqa: E402
+from transformer_jax.decoding.config import cache_lengths  # noqa: E402
 from transformer_jax.model import Transformer  # noqa: E402
 
 NEVER = -1  # an EOS id no step can produce
@@ -85,7 +92,7 @@ def load_model(args):
     return Transformer(cfg.replace(dropout_rate=0.0)), params, tokenizer
 
 
-def make_search(model, *, beam: int, steps: int, cache_len: int):
+def make_search(model, *, beam: int, steps: int, cache_len: int, cache_segment: int):
     """A jitted search of exactly `steps` steps with a cache (and output buffer) of `cache_len` positions."""
     cfg = model.config
 
@@ -93,10 +100,18 @@ def make_search(model, *, beam: int, steps: int, cache_len: int):
     def search(params, inputs):
         encoded = encode(model, params, inputs)  # [batch, src_len, d_model]
         rows = jnp.repeat(inputs, beam, axis=0) if beam > 1 else inputs  # [batch * beam, src_len]
-        cache = init_cache(model, params, encoded, rows, cache_len, beam_size=beam)
+        lengths = cache_lengths(cache_len, cache_segment)
+        cache = init_cache(model, params, encoded, rows, lengths[0], beam_size=beam)
         step_fn = transformer_step_fn(model, params, encoded, rows)
         limits = jnp.full((inputs.shape[0],), steps, jnp.int32)  # [batch]
-        common = dict(max_decode_len=cache_len, max_lengths=limits, bos_id=cfg.bos_id, eos_id=NEVER, pad_id=cfg.pad_id)
+        common = dict(
+            max_decode_len=cache_len,
+            max_lengths=limits,
+            bos_id=cfg.bos_id,
+            eos_id=NEVER,
+            pad_id=cfg.pad_id,
+            cache_lengths=lengths,
+        )
         if beam == 1:
             return greedy_search(step_fn, cache, batch_size=inputs.shape[0], **common)[0]
         return beam_search_core(
@@ -106,8 +121,10 @@ def make_search(model, *, beam: int, steps: int, cache_len: int):
     return search
 
 
-def profile_search(model, params, inputs, *, beam: int, steps: int, cache_len: int, repeats: int) -> dict:
-    search = make_search(model, beam=beam, steps=steps, cache_len=cache_len)
+def profile_search(
+    model, params, inputs, *, beam: int, steps: int, cache_len: int, cache_segment: int, repeats: int
+) -> dict:
+    search = make_search(model, beam=beam, steps=steps, cache_len=cache_len, cache_segment=cache_segment)
     instructions = hlo_instructions(search.lower(params, inputs).compile().as_text())
     jax.block_until_ready(search(params, inputs))
     start = time.perf_counter()
@@ -141,6 +158,7 @@ def profile_search(model, params, inputs, *, beam: int, steps: int, cache_len: i
         "rows": int(inputs.shape[0]) * beam,
         "steps": steps,
         "cache_len": cache_len,
+        "cache_lengths": cache_lengths(cache_len, cache_segment),
         "search_ms": wall_ms,
         "step_ms": loop_ms / steps,
         "ops_per_step": sum(calls.values()) / steps,
@@ -167,6 +185,9 @@ def main(argv=None) -> dict:
         "--cache-len", type=int, default=None, help="cache and output length (default src-len + 50, as §6.1's limit)"
     )
     parser.add_argument("--beams", default="1,4", help="1 = greedy")
+    parser.add_argument(
+        "--cache-segment", type=int, default=DecodeConfig().cache_segment, help="decode.cache_segment (0 = fixed)"
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -180,7 +201,14 @@ def main(argv=None) -> dict:
     cache_len = args.cache_len or args.src_len + 50
     for beam in (int(b) for b in args.beams.split(",")):
         result = profile_search(
-            model, params, jnp.asarray(inputs), beam=beam, steps=args.steps, cache_len=cache_len, repeats=args.repeats
+            model,
+            params,
+            jnp.asarray(inputs),
+            beam=beam,
+            steps=args.steps,
+            cache_len=cache_len,
+            cache_segment=args.cache_segment,
+            repeats=args.repeats,
         )
         report["searches"].append(result)
         print_search(result)
