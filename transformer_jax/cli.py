@@ -339,6 +339,46 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+@register("sweep", help="Train each row of a sweep file in its own workdir, then write one table of the results.")
+def _sweep_command(parser: argparse.ArgumentParser) -> Handler:
+    parser.add_argument(
+        "config", metavar="SWEEP_FILE", help="a Python file with get_sweep(), e.g. experiments/table3.py"
+    )
+    parser.add_argument("--workdir", required=True, help="a workdir per row under it, and table.md/.csv/.json/.png")
+    parser.add_argument("--rows", help="comma-separated row names to run or collect (default: every row)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="print each row's `transformer-jax train` command")
+    mode.add_argument("--collect", action="store_true", help="only build the table from the row workdirs as they are")
+    parser.epilog = (
+        "Override any config field of every row with --config.section.field=value.\n"
+        "examples:\n"
+        "  transformer-jax sweep experiments/table3.py --workdir runs/table3 --config.data.path=data/multi30k\n"
+        "  transformer-jax sweep experiments/table3.py --workdir runs/table3 --dry-run   # one job per row\n"
+        "  transformer-jax sweep experiments/table3.py --workdir runs/table3 --collect"
+    )
+    return _run_sweep
+
+
+def _run_sweep(args: argparse.Namespace) -> int:
+    from transformer_jax import sweep
+
+    the_sweep, config, planned = sweep.plan(args.config, args.workdir, args.config_overrides, args.rows)
+    if args.dry_run:
+        for row in planned:
+            print(sweep.train_command(config, row))
+        return 0
+    if args.collect:
+        results = [sweep.row_result(row) for row in planned]
+    else:
+        check_workdir(args.workdir, writable=True)
+        results = sweep.run(planned)
+    table = sweep.write_table(the_sweep, planned, results, Path(args.workdir))
+    print(table.read_text())
+    missing = sum(result is None for result in results)
+    print(f"wrote {table} (and .csv, .json, .png)" + (f"; {missing} rows not finished" if missing else ""))
+    return 0
+
+
 @register("average", help="Average the parameters of the last N checkpoints (paper §6.1: 5 for base, 20 for big).")
 def _average_command(parser: argparse.ArgumentParser) -> Handler:
     parser.add_argument("--workdir", required=True)

@@ -1,0 +1,100 @@
+"""transformer-jax sweep: rows trained in their own workdirs, finished rows skipped, interrupted ones resumed, the
+table built from what the runs logged; --dry-run commands and --collect for rows trained elsewhere."""
+
+import json
+import math
+import shlex
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from conftest import tiny_run_overrides
+
+from transformer_jax import cli, sweep
+from transformer_jax import workdir as ckpt
+from transformer_jax.train import loop
+
+TINY = Path(__file__).resolve().parents[1] / "experiments" / "tiny.py"
+STEPS = 4
+
+
+def write_sweep_file(path: Path, rows: str) -> Path:
+    overrides = dict(tiny_run_overrides(steps=STEPS, **{"train.final_bleu": "beam", "train.eval_every": 2}))
+    path.write_text(
+        "from transformer_jax.sweep import Sweep, SweepRow\n\n"
+        "def get_sweep():\n"
+        f"    return Sweep(config={str(TINY)!r}, overrides={overrides!r}, title='two rows', rows=({rows}))\n"
+    )
+    return path
+
+
+ROWS = "SweepRow('base', reference={'ppl': 4.92, 'bleu': 25.8}), SweepRow('A: h 1', {'model.num_heads': 1}, group='A')"
+
+
+def metrics(workdir: Path) -> list[dict]:
+    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_sweep_resumes_an_interrupted_row_skips_finished_ones_and_tabulates(tmp_path, capsys):
+    sweep_file = write_sweep_file(tmp_path / "grid.py", ROWS)
+    out = tmp_path / "runs"
+    _, _, planned = sweep.plan(sweep_file, out)
+    assert [row.workdir.name for row in planned] == ["base", "a-h-1"]
+    interrupted = planned[1]  # trained to update 2 of 4, as if the job had been stopped there
+    cut = interrupted.experiment.replace(train=interrupted.experiment.train.replace(steps=2))
+    loop.train(cut, interrupted.workdir)
+
+    assert cli.main(["sweep", str(sweep_file), "--workdir", str(out)]) == 0
+    resumed = [row["step"] for row in metrics(interrupted.workdir) if row["kind"] == "train"]
+    assert resumed == [1, 2, 3, 4]  # continued from its checkpoint, not restarted
+
+    results = json.loads((out / "table.json").read_text())
+    assert [result["row"] for result in results] == ["base", "A: h 1"]
+    for row, result in zip(planned, results):
+        logged = {r["kind"]: r for r in metrics(row.workdir) if r["step"] == STEPS}
+        assert result["ppl"] == pytest.approx(math.exp(logged["eval"]["nll"]), rel=1e-6)
+        assert result["bleu"] == logged["final_bleu"]["bleu"] and logged["final_bleu"]["method"] == "beam"
+        trained = ckpt.load_params(row.workdir)  # the oracle: the checkpoint's own arrays
+        assert result["params"] == sum(np.size(leaf) for leaf in jax.tree.leaves(trained))
+        assert result["updates"] == STEPS and result["train_minutes"] > 0
+    assert results[0]["paper_ppl"] == 4.92 and "paper_ppl" not in results[1]
+    table = (out / "table.md").read_text()
+    assert table.startswith("# two rows") and "| A | A: h 1 | model.num_heads=1 |" in table and "4.92" in table
+    assert (out / "table.png").stat().st_size > 0 and (out / "table.csv").read_text().count("\n") == 3
+
+    logs = [(row.workdir / "metrics.jsonl").read_bytes() for row in planned]
+    capsys.readouterr()
+    assert cli.main(["sweep", str(sweep_file), "--workdir", str(out)]) == 0
+    assert capsys.readouterr().out.count("finished, skipped") == 2
+    assert [(row.workdir / "metrics.jsonl").read_bytes() for row in planned] == logs  # nothing re-ran
+
+
+def test_dry_run_commands_train_rows_elsewhere_and_collect_tabulates_them(tmp_path, capsys):
+    sweep_file = write_sweep_file(tmp_path / "grid.py", ROWS)
+    out = tmp_path / "runs"
+    assert cli.main(["sweep", str(sweep_file), "--workdir", str(out), "--dry-run"]) == 0
+    commands = capsys.readouterr().out.strip().splitlines()
+    assert len(commands) == 2 and not out.exists()
+    words = shlex.split(commands[1])
+    assert words[:2] == ["transformer-jax", "train"] and "--config.model.num_heads=1" in words
+    assert cli.main(words[1:]) == 0  # the second row, as a separate job would run it
+
+    assert cli.main(["sweep", str(sweep_file), "--workdir", str(out), "--collect"]) == 0
+    printed = capsys.readouterr().out
+    assert "| base | not finished" in printed and "1 rows not finished" in printed
+    results = json.loads((out / "table.json").read_text())
+    assert [result["row"] for result in results] == ["A: h 1"] and results[0]["ppl"] > 1
+
+
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        ("SweepRow('x'), SweepRow('X')", "distinct"),
+        ("SweepRow('base'), SweepRow('typo', {'model.num_head': 1})", "sweep row 'typo'"),
+    ],
+)
+def test_a_bad_sweep_file_is_refused_before_any_work(tmp_path, capsys, rows, message):
+    sweep_file = write_sweep_file(tmp_path / "grid.py", rows)
+    assert cli.main(["sweep", str(sweep_file), "--workdir", str(tmp_path / "runs")]) == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "runs").exists()

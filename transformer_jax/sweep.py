@@ -1,0 +1,304 @@
+"""Sweeps: one base experiment, named rows of config overrides, one workdir per row, one table of the results.
+
+A sweep file is a Python file whose `get_sweep()` returns a `Sweep` (experiments/table3.py):
+
+    Sweep(config="multi30k.py", overrides={"train.steps": 2000},             # the base, for every row
+          rows=(SweepRow("base"), SweepRow("A h 1", {"model.num_heads": 1}, group="A")))
+
+`transformer-jax sweep FILE --workdir DIR` trains each row in DIR/<row> (a finished row is skipped, an
+interrupted one resumed) and writes DIR/table.{md,csv,json,png}. A row is scored as the paper's Table 3 is, by
+the training run itself on the validation split at its last update: perplexity per target token and BLEU of
+beam search (the experiment's decode section), no checkpoint averaging. `--dry-run` prints each row's
+`transformer-jax train` command (for separate hosts, jobs or a SLURM array); `--collect` builds the table from
+the row workdirs as they are. The overrides are applied as `--config.KEY=VALUE` would be: the sweep's, then the
+command line's, then the row's.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import importlib.util
+import json
+import re
+import shlex
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from transformer_jax.experiment import ConfigError, Experiment, apply_overrides, load_config_file
+
+TABLE = "table"  # DIR/table.md, .csv, .json, .png
+METRICS = "metrics.jsonl"
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepRow:
+    """One configuration: `overrides` ('section.field' -> value) on the base; `reference`: published figures to
+    print beside ours (e.g. {"ppl": 5.29, "bleu": 24.9, "params_m": 58})."""
+
+    name: str
+    overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    group: str = ""
+    reference: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def slug(self) -> str:
+        """The row's workdir name: its name in lower case, runs of other characters as '-'."""
+        return re.sub(r"[^a-z0-9.]+", "-", self.name.lower()).strip("-")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """config: the base experiment file, relative to the sweep file; overrides: applied to every row."""
+
+    config: str
+    rows: tuple[SweepRow, ...]
+    overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    title: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedRow:
+    """A row resolved: its experiment, its workdir and the overrides that make it, as command-line text."""
+
+    row: SweepRow
+    experiment: Experiment
+    workdir: Path
+    overrides: tuple[tuple[str, str], ...]
+
+
+def override_text(value: Any) -> str:
+    """A value as --config.KEY=VALUE takes it: strings as they are, anything else as its Python literal."""
+    return value if isinstance(value, str) else repr(value)
+
+
+def load_sweep_file(path: str | Path) -> tuple[Sweep, Path]:
+    """The Sweep of a file's get_sweep() and the path of its base experiment file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"sweep file {path} not found; e.g. transformer-jax sweep experiments/table3.py ...")
+    spec = importlib.util.spec_from_file_location(f"_sweep_{path.stem}", path)
+    if spec is None or spec.loader is None or path.suffix != ".py":
+        raise ConfigError(f"{path} is not a Python file with get_sweep().")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sweep = module.get_sweep() if hasattr(module, "get_sweep") else None
+    if not isinstance(sweep, Sweep):
+        raise ConfigError(f"{path} must define get_sweep() returning a transformer_jax.sweep.Sweep.")
+    slugs = [row.slug for row in sweep.rows]
+    duplicated = sorted({slug for slug in slugs if slugs.count(slug) > 1})
+    if not sweep.rows or duplicated or not all(slugs):
+        raise ConfigError(f"{path}: the rows need distinct, non-empty names (workdir names {duplicated} repeat).")
+    return sweep, (path.parent / sweep.config).resolve()
+
+
+def plan(
+    sweep_file: str | Path, workdir: str | Path, overrides: Iterable[tuple[str, str]] = (), rows: str | None = None
+) -> tuple[Sweep, Path, list[PlannedRow]]:
+    """Every row (or those named in the comma-separated `rows`) resolved; all configs are checked first."""
+    sweep, config = load_sweep_file(sweep_file)
+    base = load_config_file(config)
+    chosen = list(sweep.rows)
+    if rows:
+        wanted = [name.strip() for name in rows.split(",") if name.strip()]
+        by_name = {key: row for row in sweep.rows for key in (row.name, row.slug)}
+        unknown = [name for name in wanted if name not in by_name]
+        if unknown:
+            raise ConfigError(f"--rows {unknown}: no such row; rows: {[row.name for row in sweep.rows]}.")
+        chosen = [by_name[name] for name in wanted]
+    common = [(key, override_text(value)) for key, value in sweep.overrides.items()] + list(overrides)
+    planned = []
+    for row in chosen:
+        texts = tuple(common + [(key, override_text(value)) for key, value in row.overrides.items()])
+        try:
+            experiment = apply_overrides(base, texts)
+        except ConfigError as error:
+            raise ConfigError(f"sweep row {row.name!r}: {error}") from None
+        planned.append(PlannedRow(row, experiment, Path(workdir) / row.slug, texts))
+    return sweep, config, planned
+
+
+def train_command(config: Path, planned: PlannedRow) -> str:
+    """The shell command that trains one row on its own (what --dry-run prints)."""
+    words = ["transformer-jax", "train", "--config", _shown(config), "--workdir", str(planned.workdir)]
+    words += [f"--config.{key}={value}" for key, value in planned.overrides]
+    return shlex.join(words)
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _metrics(workdir: Path) -> list[dict]:
+    path = workdir / METRICS
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut by a kill: the rows before it stand
+            continue
+    return rows
+
+
+def row_result(planned: PlannedRow) -> dict | None:
+    """The row's scores at its last update (validation perplexity, beam BLEU), or None if it has not got there."""
+    steps = planned.experiment.train.steps
+    rows = _metrics(planned.workdir)
+    at_end = {row["kind"]: row for row in rows if row.get("step") == steps}
+    if "eval" not in at_end or "final_bleu" not in at_end:
+        return None
+    train_rows = [row for row in rows if row.get("kind") == "train"]
+    from transformer_jax.accounting import count_parameters
+
+    result = {
+        "group": planned.row.group,
+        "row": planned.row.name,
+        "changes": ", ".join(f"{key}={value}" for key, value in planned.row.overrides.items()) or "(base)",
+        "params": count_parameters(planned.experiment.model).total,
+        "updates": steps,
+        "train_minutes": _train_seconds(planned.workdir, train_rows) / 60,
+        "ppl": at_end["eval"]["perplexity"],
+        "bleu": at_end["final_bleu"]["bleu"],
+        "bleu_lowercase": at_end["final_bleu"]["bleu_lowercase"],
+        "workdir": str(planned.workdir),
+    }
+    result.update({f"paper_{key}": value for key, value in planned.row.reference.items()})
+    return result
+
+
+SECONDS_FILE = "sweep_seconds.json"  # wall seconds of the sweep's train calls of this row, summed over resumes
+
+
+def _train_seconds(workdir: Path, train_rows: list[dict]) -> float:
+    path = workdir / SECONDS_FILE
+    if path.is_file():
+        return float(json.loads(path.read_text())["seconds"])
+    return float(train_rows[-1].get("elapsed_s", 0.0)) if train_rows else 0.0  # trained by its own command
+
+
+def finish_row(planned: PlannedRow) -> dict:
+    """Trains the row (resuming its workdir) and, when the run reached its last update without scoring it (killed
+    between the two), scores it; returns row_result."""
+    from transformer_jax.train import loop
+
+    started = time.perf_counter()
+    try:
+        loop.train(planned.experiment, planned.workdir)
+    finally:
+        seconds_path = planned.workdir / SECONDS_FILE
+        before = json.loads(seconds_path.read_text())["seconds"] if seconds_path.is_file() else 0.0
+        if planned.workdir.is_dir():
+            seconds_path.write_text(json.dumps({"seconds": before + time.perf_counter() - started}))
+    result = row_result(planned)
+    if result is None:
+        _score_at_end(planned)
+        result = row_result(planned)
+    if result is None:
+        raise RuntimeError(f"sweep row {planned.row.name!r} ended without its scores in {planned.workdir / METRICS}.")
+    return result
+
+
+def _score_at_end(planned: PlannedRow) -> None:
+    """Validation loss and final BLEU of a workdir already at its last update, logged as training logs them."""
+    from transformer_jax.train.loop import Trainer
+
+    cfg = planned.experiment.train
+    with Trainer(planned.experiment, planned.workdir) as trainer:
+        if trainer.start != cfg.steps:
+            return
+        trainer.validation_loss(cfg.steps)
+        method = cfg.final_bleu if cfg.final_bleu != "none" else "beam"
+        trainer.validation_bleu(cfg.steps, "final_bleu", method, trainer.valid_pairs)
+
+
+def run(planned: list[PlannedRow], *, log=print) -> list[dict | None]:
+    """Each row in turn: skipped when finished, else trained (or resumed) and scored."""
+    results: list[dict | None] = []
+    for index, row in enumerate(planned, start=1):
+        result = row_result(row)
+        if result is not None:
+            log(f"[{index}/{len(planned)}] {row.row.name}: finished, skipped ({row.workdir})")
+        else:
+            log(f"[{index}/{len(planned)}] {row.row.name}: training in {row.workdir}")
+            result = finish_row(row)
+        log(f"[{index}/{len(planned)}] {row.row.name}: perplexity {result['ppl']:.2f}, BLEU {result['bleu']:.2f}")
+        results.append(result)
+    return results
+
+
+COLUMNS = (
+    ("group", "group", "{}"),
+    ("row", "row", "{}"),
+    ("changes", "changes", "{}"),
+    ("params", "params (M)", "{:.2f}"),
+    ("updates", "updates", "{}"),
+    ("train_minutes", "minutes", "{:.1f}"),
+    ("ppl", "valid PPL", "{:.2f}"),
+    ("bleu", "valid BLEU", "{:.2f}"),
+    ("paper_ppl", "paper PPL", "{:.2f}"),
+    ("paper_bleu", "paper BLEU", "{:.1f}"),
+    ("paper_params_m", "paper params (M)", "{:.0f}"),
+)
+
+
+def write_table(sweep: Sweep, planned: list[PlannedRow], results: list[dict | None], directory: Path) -> Path:
+    """DIR/table.md (rows not finished marked so), table.csv and table.json (finished rows), table.png."""
+    directory.mkdir(parents=True, exist_ok=True)
+    done = [result for result in results if result is not None]
+    present = [column for column in COLUMNS if any(column[0] in result for result in done) or column[0] == "row"]
+    lines = [f"# {sweep.title}\n" if sweep.title else ""]
+    lines += ["| " + " | ".join(title for _, title, _ in present) + " |", "|" + "---|" * len(present)]
+    for row, result in zip(planned, results):
+        if result is None:
+            lines.append(f"| {row.row.group} | {row.row.name} | not finished ({row.workdir}) |")
+            continue
+        cells = []
+        for key, _, form in present:
+            value = result.get(key)
+            if value is not None and key == "params":
+                value /= 1e6
+            cells.append("" if value is None else form.format(value))
+        lines.append("| " + " | ".join(cells) + " |")
+    (directory / f"{TABLE}.md").write_text("\n".join(lines).lstrip("\n") + "\n")
+    (directory / f"{TABLE}.json").write_text(json.dumps(done, indent=2))
+    with open(directory / f"{TABLE}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[key for key, _, _ in present] + ["bleu_lowercase", "workdir"])
+        writer.writeheader()
+        for result in done:
+            writer.writerow({key: result.get(key) for key in writer.fieldnames})
+    if done:
+        plot_table(done, directory / f"{TABLE}.png", sweep.title)
+    return directory / f"{TABLE}.md"
+
+
+def plot_table(results: list[dict], path: Path, title: str = "") -> None:
+    """Validation perplexity and BLEU per row, one colour per group, the first row's values as dashed lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = list(dict.fromkeys(result["group"] for result in results))
+    colours = [plt.get_cmap("tab10")(groups.index(result["group"]) % 10) for result in results]
+    names = [result["row"] for result in results]
+    figure, axes = plt.subplots(2, 1, figsize=(max(6.0, 0.45 * len(results) + 2), 6), sharex=True)
+    for axis, key, label in ((axes[0], "ppl", "validation perplexity"), (axes[1], "bleu", "validation BLEU")):
+        values = [result[key] for result in results]
+        axis.bar(range(len(values)), values, color=colours)
+        axis.axhline(values[0], color="grey", linestyle="--", linewidth=1)
+        axis.set_ylabel(label)
+        if key == "ppl":
+            axis.set_ylim(min(values) * 0.9, max(values) * 1.05)
+    axes[1].set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=8)
+    if title:
+        axes[0].set_title(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
