@@ -15,14 +15,12 @@ in greedy.py and beam.py consume; they never look inside the model.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, cast
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.sharding import Mesh, PartitionSpec
 
 from transformer_jax import parallel
@@ -142,30 +140,6 @@ def resize_cache(cache: Cache, max_len: int) -> Cache:
         raise ValueError(f"a decode cache array of shape {node.shape} outside KVCache/MemoryCache cannot be resized.")
 
     return jax.tree.map(resize, cache, is_leaf=_is_layer_cache)
-
-
-def growing_cache_loop(
-    cond: Callable[[Any], jnp.ndarray],
-    body: Callable[[Any], Any],
-    state: Any,
-    cache_lengths: Sequence[int],
-    resize: Callable[[Cache, int], Cache] = resize_cache,
-) -> Any:
-    """lax.while_loop(cond, body, state) over a cache that grows, for a search state (a NamedTuple) with fields
-    `step` (positions decoded so far) and `cache`: segment i runs while state.step <
-    cache_lengths[i] with a cache of cache_lengths[i] positions (state.cache must start at cache_lengths[0]), so
-    that a step's attention reads about the positions written, not the whole buffer. Once cond is False the later
-    segments run no step. One segment, (max_decode_len,), is the plain loop.
-    """
-    for segment, length in enumerate(cache_lengths):
-        if segment:
-            state = state._replace(cache=resize(state.cache, length))
-        state = lax.while_loop(functools.partial(_before, cond, length), body, state)
-    return state
-
-
-def _before(cond: Callable[[Any], jnp.ndarray], length: int, state: Any) -> jnp.ndarray:
-    return cond(state) & (state.step < length)
 
 
 def logical_axes(cache: Cache) -> Cache:
