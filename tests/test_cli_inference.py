@@ -229,7 +229,7 @@ def test_search_speed_benchmark_runs_on_a_trained_workdir(workdir, tmp_path, cap
     source, reference, out = tmp_path / "source.en", tmp_path / "reference.de", tmp_path / "search.json"
     source.write_text("\n".join(SOURCES) + "\n")
     reference.write_text("\n".join(["drei kleine rote katzen", "", "der 3. mai 2021", "ich denke"]) + "\n")
-    argv = ["--workdir", str(workdir), "--source", str(source), "--reference", str(reference), "--beams", "2"]
+    argv = ["--workdir", str(workdir), "--source", str(source), "--reference", str(reference), "--beams", "1,2"]
     search_speed.main(argv + ["--repeats", "1", "--out", str(out)])
     rows = json.loads(out.read_text())["rows"]
     methods = ["greedy", "beam 2"]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from transformer_jax.decoding.select import first_argmax, top_k
+from transformer_jax.decoding.select import first_argmax, log_normaliser, top_k
 
 
 def tied_logits(rows: int, vocab: int, seed: int) -> np.ndarray:
@@ -56,3 +56,11 @@ def test_first_argmax_matches_argmax_with_ties():
     best, index = jax.jit(first_argmax)(x)
     np.testing.assert_array_equal(index, jnp.argmax(x, axis=-1))
     np.testing.assert_array_equal(best, jnp.max(x, axis=-1))
+
+
+def test_log_normaliser_is_logsumexp():
+    x = jax.random.normal(jax.random.key(1), (7, 8000)) * 5
+    x = x.at[0].set(-jnp.inf).at[1, 3].set(jnp.inf)
+    row_max = jnp.max(x, axis=-1)
+    got = jax.jit(log_normaliser)(x, row_max)
+    np.testing.assert_array_equal(got, jax.jit(lambda x: jax.nn.logsumexp(x, axis=-1))(x))

@@ -56,9 +56,12 @@ GROUPS = (
     ("cache writes", lambda text, source: "dynamic-update-slice" in text and "keys_values" in source),
     (
         "attention scores, softmax, values",
-        lambda text, source: any(k in source for k in ("sghqk", "sgqhd", "softmax", "attention_weights")),
+        lambda text, source: any(k in source for k in ("shgqk", "sgqhd", "softmax", "attention_weights")),
     ),
-    ("Q/K/V/output projections, FFN", lambda text, source: "dot(" in text or "ynn_fusion" in text),
+    (
+        "Q/K/V/output projections, FFN",
+        lambda text, source: any(f"/{name}/" in source for name in ("query", "key", "value", "out", "ffn")),
+    ),
     ("LayerNorm", lambda text, source: "LayerNorm" in source or "_norm" in source),
     ("embedding lookup, positions", lambda text, source: "embed" in source or "position" in source),
     (

@@ -50,10 +50,10 @@ def best_time(translate: Callable[[], list[str]], repeats: int) -> tuple[float, 
     return cold, min(warm), outputs
 
 
-def project_runs(base: Translator, beams: list[int], alpha: float, batch_size: int):
+def project_runs(base: Translator, beams: list[int], decode: DecodeConfig, batch_size: int):
     """(name, translate function) for greedy and each beam size through the library's Translator."""
-    runs = [("greedy", DecodeConfig(alpha=alpha), "greedy")]
-    runs += [(f"beam {k}", DecodeConfig(beam_size=k, alpha=alpha), "beam") for k in beams]
+    runs = [("greedy", decode, "greedy")] if 1 in beams else []
+    runs += [(f"beam {k}", decode.replace(beam_size=k), "beam") for k in beams if k > 1]
     for name, decode_config, method in runs:
         translator = Translator(
             base.model_config,
@@ -102,8 +102,9 @@ def ctranslate2_runs(base: Translator, directory: Path, beams: list[int], alpha:
     def run(gnmt: bool, **options) -> Callable[[list[str]], list[str]]:
         return lambda lines: translate(lines, gnmt, **options)
 
-    yield "greedy", "greedy", run(False, beam_size=1)
-    for k in beams:
+    if 1 in beams:
+        yield "greedy", "greedy", run(False, beam_size=1)
+    for k in (k for k in beams if k > 1):
         yield f"beam {k}", f"beam {k}", run(False, beam_size=k, length_penalty=alpha)
         yield (
             f"beam {k} GNMT re-ranked",
@@ -120,7 +121,10 @@ def main(argv=None):
     parser.add_argument("--reference", default=None, help="its reference translations, for BLEU (lowercased)")
     parser.add_argument("--lines", type=int, default=None, help="only the first N lines")
     parser.add_argument("--batch-size", type=int, default=100, help="sentences per batch (every engine)")
-    parser.add_argument("--beams", default="4,5", help="comma-separated beam sizes")
+    parser.add_argument("--beams", default="1,4,5", help="comma-separated beam sizes (1 = greedy)")
+    parser.add_argument(
+        "--cache-segment", type=int, default=DecodeConfig().cache_segment, help="decode.cache_segment of the project"
+    )
     parser.add_argument("--alpha", type=float, default=1.0, help="length penalty of beam search")
     parser.add_argument("--repeats", type=int, default=2, help="timed passes per method; the best counts")
     parser.add_argument("--quantizations", default="int8", help="CTranslate2 rows besides float32 ('' = none)")
@@ -159,7 +163,8 @@ def main(argv=None):
 
     print(f"{len(lines)} sentences, batch {args.batch_size}, alpha {args.alpha}, {platform.processor() or ''}")
     print(f"{'engine':24} {'method':24} {'sent/s':>8} {'warm s':>7} {'BLEU':>6} {'same':>10} {'JAX/this':>9}")
-    for name, decode_config, translate in project_runs(base, beams, args.alpha, args.batch_size):
+    decode = DecodeConfig(alpha=args.alpha, cache_segment=args.cache_segment)
+    for name, decode_config, translate in project_runs(base, beams, decode, args.batch_size):
         record("transformer_jax", name, name, translate, decode=dataclasses.asdict(decode_config))
     if not args.no_ctranslate2:
         import ctranslate2

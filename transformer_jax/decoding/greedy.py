@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh
@@ -22,7 +21,7 @@ from transformer_jax import parallel
 from transformer_jax.decoding.cache import Cache, StepFn
 from transformer_jax.decoding.config import NEG_INF, DecodeConfig
 from transformer_jax.decoding.driver import decode_in_segments, run_search
-from transformer_jax.decoding.select import first_argmax
+from transformer_jax.decoding.select import first_argmax, log_normaliser
 
 
 class GreedyState(NamedTuple):
@@ -57,7 +56,8 @@ class GreedySearch:
         logits, cache = step_fn(state.last, state.cache)  # [batch, vocab] float32
         # The argmax of the logits is the log-softmax's; pad is not a token a translation may contain.
         token_logit, token = first_argmax(logits.at[:, self.pad_id].set(NEG_INF))  # [batch], [batch]
-        token_log_prob = token_logit - jax.nn.logsumexp(logits, axis=-1)
+        row_max = jnp.maximum(token_logit, logits[:, self.pad_id])  # the maximum with pad back in
+        token_log_prob = token_logit - log_normaliser(logits, row_max)
         token = jnp.where(state.done, self.pad_id, token)
         return GreedyState(
             step=state.step + 1,

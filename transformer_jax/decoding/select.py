@@ -1,9 +1,10 @@
-"""Choosing tokens from logits: the exact argmax and top-k of lax, computed with vector reductions.
+"""Choosing tokens from logits: the exact argmax, top-k and log-softmax normaliser, with few vector passes.
 
 XLA:CPU runs `jnp.argmax` (a variadic (value, index) reduce) as a scalar loop and `lax.top_k` over a vocabulary as
 a per-row partial sort; at a decode step over [rows, vocab] logits these took as long as the vocabulary matmul
 (experiments/bench/profile_decode.py). Both functions here return exactly what those do, ties included (the lowest
-index first), from max / min reductions that fuse and vectorise.
+index first), from max / min reductions that fuse and vectorise. `log_normaliser` is jax.nn.logsumexp given the
+row maximum that the argmax or top-k has already found, which saves a pass over the vocabulary.
 """
 
 from __future__ import annotations
@@ -42,3 +43,10 @@ def top_k(x: jnp.ndarray, k: int, chunk: int = TOP_K_CHUNK) -> tuple[jnp.ndarray
     values, position = lax.top_k(candidates.reshape(x.shape[:-1] + (k * chunk,)), k)  # [..., k]
     chunk_of = jnp.take_along_axis(best_chunks, position // chunk, axis=-1)
     return values, (chunk_of * chunk + position % chunk).astype(jnp.int32)
+
+
+def log_normaliser(logits: jnp.ndarray, row_max: jnp.ndarray) -> jnp.ndarray:
+    """log(sum(exp(logits))) over the last axis given row_max = max(logits, -1): jax.nn.logsumexp's own formula
+    (a non-finite maximum counts as 0) without its max pass. Returns [...]."""
+    row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)[..., None]
+    return (jnp.log(jnp.sum(jnp.exp(logits - row_max), axis=-1, keepdims=True)) + row_max)[..., 0]
