@@ -17,6 +17,7 @@ A sentence's output is computed by the same steps either way; each (rows, cache 
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -40,6 +41,8 @@ from transformer_jax.decoding.cache import (
     transformer_step_fn,
 )
 from transformer_jax.decoding.config import DecodeConfig, cache_lengths, per_sentence_limits, resolve_max_decode_len
+
+logger = logging.getLogger(__name__)
 
 MIN_ROWS = 8  # a batch is not halved below this many sentences (fewer compiled shapes, little to gain)
 
@@ -211,9 +214,13 @@ def decode_in_segments(
         for result, array in zip(results, arrays):
             result[origin[rows_out]] = array
 
+    step = 0
     while True:
         carry = _run(model, params, carry, jnp.int32(stop), **static)
         done = np.asarray(_done(carry, search=search))  # [rows]
+        reached = int(carry.state.step)
+        logger.debug("segment: %d sentences x steps %d-%d (cache %d)", rows, step, reached, cache_len)
+        step = reached
         if done.all() or stop >= length:
             break
         active = np.flatnonzero(~done)
