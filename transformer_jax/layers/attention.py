@@ -73,6 +73,10 @@ def cached_attention(query: jnp.ndarray, key: jnp.ndarray, value: jnp.ndarray, m
     """
     groups, heads, kv_len, d_k = key.shape
     rows, q_len = query.shape[:2]
+    if key.dtype != jnp.float32 and jax.default_backend() == "cpu":
+        # XLA:CPU of jaxlib 0.7 has no bf16 x bf16 -> f32 kernel for this dot; bf16 products are exact in float32,
+        # so upcasting the operands gives the same scores (and XLA:CPU upcasts bf16 dots anyway).
+        query, key = query.astype(jnp.float32), key.astype(jnp.float32)
     grouped = query.reshape((groups, -1) + query.shape[1:])  # [groups, g, q_len, heads, d_k]
     scores = jnp.einsum("sgqhd,shkd->shgqk", grouped, key, preferred_element_type=jnp.float32)
     if mask is not None:
