@@ -52,8 +52,9 @@ def per_sentence_limits(inputs: jnp.ndarray, pad_id: int, extra_length: int, max
 
 
 def cache_lengths(max_decode_len: int, first: int) -> tuple[int, ...]:
-    """The lengths the decode cache grows through (cache.growing_cache_loop): `first`, doubled while the double
-    stays below max_decode_len, then max_decode_len; (max_decode_len,) when first is 0 or not below it."""
+    """The lengths the decode cache grows through (driver.growing_cache_loop; decode_in_segments grows the same way):
+    `first`, doubled while the double stays below max_decode_len, then max_decode_len; (max_decode_len,) when first
+    is 0 or not below it."""
     if first <= 0 or first >= max_decode_len:
         return (max_decode_len,)
     lengths = [first]
