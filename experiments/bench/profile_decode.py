@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import argparse
 import collections
-import gzip
-import json
 import os
 import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from profile_step import hlo_instructions  # noqa: E402
+from profile_step import hlo_instructions, traced_op_ms  # noqa: E402
 from results_file import write_results  # noqa: E402
 
 from transformer_jax.decoding import (  # noqa: E402
@@ -134,19 +131,12 @@ def profile_search(
     for _ in range(repeats):
         jax.block_until_ready(search(params, inputs))
     wall_ms = (time.perf_counter() - start) / repeats * 1e3
-    with tempfile.TemporaryDirectory() as trace_dir:
-        with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
-            for _ in range(repeats):
-                jax.block_until_ready(search(params, inputs))
-        with gzip.open(next(Path(trace_dir).rglob("*perfetto_trace.json.gz"))) as trace:
-            events = json.load(trace)
-    events = events["traceEvents"] if isinstance(events, dict) else events
-    per_op: collections.Counter = collections.Counter()
-    calls: collections.Counter = collections.Counter()
-    for event in events:
-        if event.get("ph") == "X" and event["name"] in instructions:
-            per_op[event["name"]] += event["dur"] / 1e3 / repeats  # ms per search
-            calls[event["name"]] += 1 / repeats
+
+    def run_traced():
+        for _ in range(repeats):
+            jax.block_until_ready(search(params, inputs))
+
+    per_op, calls = traced_op_ms(run_traced, instructions, repeats)  # per search
     groups: collections.Counter = collections.Counter()
     sources: collections.Counter = collections.Counter()
     for name, ms in per_op.items():

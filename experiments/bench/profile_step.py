@@ -84,6 +84,25 @@ def hlo_instructions(hlo: str) -> dict[str, tuple[str, str]]:
     return instructions
 
 
+def traced_op_ms(run, instructions: dict, per: int) -> tuple[collections.Counter, collections.Counter]:
+    """Runs `run()` under jax.profiler; (ms, calls) of each HLO instruction in `instructions`, divided by `per`."""
+    import jax
+
+    with tempfile.TemporaryDirectory() as trace_dir:
+        with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+            run()
+        with gzip.open(next(Path(trace_dir).rglob("*perfetto_trace.json.gz"))) as trace:
+            events = json.load(trace)
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    ms: collections.Counter = collections.Counter()
+    calls: collections.Counter = collections.Counter()
+    for event in events:
+        if event.get("ph") == "X" and event["name"] in instructions:
+            ms[event["name"]] += event["dur"] / 1e3 / per
+            calls[event["name"]] += 1 / per
+    return ms, calls
+
+
 def group_of(text: str, source: str, vocab: int) -> str:
     for name, test in GROUPS:
         if test(text, source, vocab):
@@ -107,19 +126,14 @@ def profile_jax(cfg, batch, steps: int) -> dict:
         state, metrics = step(state, batch)
     jax.block_until_ready(metrics)
     wall = (time.perf_counter() - start) / steps
-    with tempfile.TemporaryDirectory() as trace_dir:
-        with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
-            for _ in range(steps):
-                state, metrics = step(state, batch)
-            jax.block_until_ready(metrics)
-        trace_file = next(Path(trace_dir).rglob("*perfetto_trace.json.gz"))
-        with gzip.open(trace_file) as trace:
-            events = json.load(trace)
-    events = events["traceEvents"] if isinstance(events, dict) else events
-    per_op = collections.Counter()
-    for event in events:
-        if event.get("ph") == "X" and event["name"] in instructions:
-            per_op[event["name"]] += event["dur"] / 1e3 / steps  # ms per step
+
+    def run_traced():
+        nonlocal state
+        for _ in range(steps):
+            state, metrics = step(state, batch)
+        jax.block_until_ready(metrics)
+
+    per_op, _ = traced_op_ms(run_traced, instructions, steps)
     groups, sources = collections.Counter(), collections.Counter()
     for name, ms in per_op.items():
         text, source = instructions[name]
