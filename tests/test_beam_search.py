@@ -65,8 +65,8 @@ def random_table(seed, vocab, eos_bonus=0.0, scale=2.0):
     return table
 
 
-@functools.partial(jax.jit, static_argnames=("beam", "alpha", "length", "early_stopping", "one_hot"))
-def _run_beam(table, seeds, limits, *, beam, alpha, length, early_stopping, one_hot):
+@functools.partial(jax.jit, static_argnames=("beam", "alpha", "length", "early_stopping", "one_hot", "nbest"))
+def _run_beam(table, seeds, limits, *, beam, alpha, length, early_stopping, one_hot, nbest):
     cache = {"state": jnp.repeat(seeds, beam)}  # [batch * beam]
     return beam_search_core(
         lambda tokens, cache: hash_step(tokens, cache, table),
@@ -81,11 +81,12 @@ def _run_beam(table, seeds, limits, *, beam, alpha, length, early_stopping, one_
         pad_id=PAD,
         one_hot=one_hot,
         early_stopping=early_stopping,
+        nbest=nbest,
         return_state=True,
     )
 
 
-def run_beam(table, seeds, *, beam, alpha, length, limits=None, early_stopping=True, one_hot=False):
+def run_beam(table, seeds, *, beam, alpha, length, limits=None, early_stopping=True, one_hot=False, nbest=None):
     seeds = jnp.asarray(seeds, jnp.int32)
     limits = jnp.full(seeds.shape, length, jnp.int32) if limits is None else jnp.asarray(limits, jnp.int32)
     sequences, scores, state = _run_beam(
@@ -97,6 +98,7 @@ def run_beam(table, seeds, *, beam, alpha, length, limits=None, early_stopping=T
         length=length,
         early_stopping=early_stopping,
         one_hot=one_hot,
+        nbest=nbest,
     )
     return np.asarray(sequences), np.asarray(scores), int(state.step)
 
@@ -183,6 +185,26 @@ def test_early_stopping_returns_what_running_to_the_limit_returns():
         assert full[2] == 12
         stopped_early += early[2] < 12
     assert stopped_early > 0  # the bound did end some searches before the limit
+
+
+def test_asking_for_fewer_hypotheses_stops_sooner_with_the_same_best():
+    """nbest=k returns the k best of the full search (run to the limit), exactly, and never takes more steps."""
+    sooner = 0
+    for seed in range(4):
+        table = random_table(seed, 8, eos_bonus=1.5)
+        full = run_beam(table, [3, 17, 99], beam=3, alpha=1.0, length=12, early_stopping=False)
+        previous_steps = 12
+        for nbest in (3, 2, 1):
+            found = run_beam(table, [3, 17, 99], beam=3, alpha=1.0, length=12, nbest=nbest)
+            assert found[0].shape == (3, nbest, 12) and found[1].shape == (3, nbest)
+            np.testing.assert_array_equal(found[0], full[0][:, :nbest])
+            np.testing.assert_allclose(found[1], full[1][:, :nbest], rtol=1e-6)
+            assert found[2] <= previous_steps
+            sooner += found[2] < previous_steps
+            previous_steps = found[2]
+    assert sooner > 0  # fewer hypotheses did end some searches earlier
+    with pytest.raises(ValueError, match="nbest=4 must lie in"):
+        run_beam(random_table(0, 8), [3], beam=3, alpha=1.0, length=12, nbest=4)
 
 
 def test_one_hot_gather_equals_take_along_axis():

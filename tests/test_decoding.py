@@ -213,10 +213,10 @@ SHARDED_BEAM_CACHE = textwrap.dedent(
     layer = cache["decoder"]["layer_0"]
     arrays = {
         "key": layer["self_attention"]["keys_values"].key,
-        "lineage": layer["self_attention"]["keys_values"].lineage,
+        "lineage": cache["decoder"]["lineage"].rows,
         "index": layer["self_attention"]["keys_values"].index,
         "memory_value": layer["cross_attention"]["memory"].value,
-        "position": cache["decoder"]["position"],
+        "position": cache["decoder"]["lineage"].index,
     }
     out = {name: [list(a.shape), list(a.addressable_shards[0].data.shape)] for name, a in arrays.items()}
     sharded = beam_search(model, params, SOURCES, beam_size=2, max_decode_len=6, mesh=mesh, rules=rules)

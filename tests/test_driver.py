@@ -60,7 +60,7 @@ def one_jit(model, params, inputs, *, beam, length):
 
 @pytest.fixture
 def spied(monkeypatch):
-    """Counts the batch compactions and cache growths; lets the batch shrink down to 2 sentences."""
+    """Counts the batch compactions and cache growths; lets the batch shrink in steps of 2, down to 2 sentences."""
     calls = {"select": [], "resize": 0}
     select, resize = driver._select, driver._resize
 
@@ -73,6 +73,7 @@ def spied(monkeypatch):
         return resize(carry, cache_len=cache_len)
 
     monkeypatch.setattr(driver, "MIN_ROWS", 2)
+    monkeypatch.setattr(driver, "ROW_STEP", 2)
     monkeypatch.setattr(driver, "_select", counting_select)
     monkeypatch.setattr(driver, "_resize", counting_resize)
     return calls
@@ -95,6 +96,25 @@ def test_segments_with_a_shrinking_batch_give_the_one_jit_outputs(spied, beam, e
         np.testing.assert_allclose(scores, expected[1], rtol=1e-5)
     assert spied["select"] and spied["select"] == sorted(spied["select"], reverse=True)
     assert spied["select"][-1] < 16 and spied["resize"] >= 2
+
+
+@pytest.mark.parametrize(
+    "rows, active, shards, expected",
+    [
+        (100, 90, 1, 96),
+        (100, 97, 1, 100),
+        (100, 41, 1, 48),
+        (48, 3, 1, 8),
+        (48, 0, 1, 8),
+        (8, 1, 1, 8),
+        (64, 20, 16, 32),
+    ],
+)
+def test_a_batch_shrinks_to_the_active_rows_rounded_up(rows, active, shards, expected):
+    """ROW_STEP 8, MIN_ROWS 8: the next multiple of 8 (of 16 on a mesh of 16 batch shards, at least one), never
+    grown."""
+    assert (driver.ROW_STEP, driver.MIN_ROWS) == (8, 8)
+    assert driver.shrunk_rows(rows, active, shards) == expected
 
 
 def test_one_segment_is_the_plain_loop(spied):

@@ -11,6 +11,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from transformer_jax.config import ModelConfig
+from transformer_jax.decoding.kv_cache import Lineage
 from transformer_jax.layers.attention import MultiHeadAttention
 from transformer_jax.layers.embedding import PositionalEncoding, TokenEmbedding
 from transformer_jax.layers.feedforward import FeedForward
@@ -127,8 +128,9 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     """Embedding, positions and a stack of N decoder layers (plus a final LayerNorm in pre-LN mode).
 
-    With `decode=True` it takes one token per call ([batch, 1]) and keeps its position in the cache;
-    `cache_block` consecutive rows share one group of self-attention keys (MultiHeadAttention).
+    With `decode=True` it takes one token per call ([batch, 1]) and keeps in the cache a Lineage (the position, and
+    which cached keys each row reads) for all its layers; `cache_block` consecutive rows share one group of
+    self-attention keys (MultiHeadAttention).
     """
 
     config: ModelConfig
@@ -149,7 +151,7 @@ class Decoder(nn.Module):
         """y: [batch, tgt_len] ids; memory: [batch, src_len, d_model] -> [batch, tgt_len, d_model]."""
         cfg = self.config
         if decode:
-            positions = self._decode_positions(y)
+            positions, self_mask = self._decode_step(y, cache_block)
         elif positions is None:
             positions = default_positions(y)
         y = embed_with_positions(cfg, self.embedding, y, positions, deterministic)
@@ -160,14 +162,16 @@ class Decoder(nn.Module):
             y = layer_norm(cfg, "final_norm")(y)
         return y
 
-    def _decode_positions(self, y):
-        is_initialized = self.has_variable("cache", "position")
-        position = self.variable("cache", "position", lambda: jnp.array(0, dtype=jnp.int32))
-        if not is_initialized:
-            return default_positions(y)
-        current = jnp.full(y.shape, position.value, dtype=jnp.int32)  # [batch, 1]
-        position.value = position.value + 1
-        return current
+    def _decode_step(self, y, cache_block: int):
+        """Decode mode: this step's positions [batch, 1] and the self-attention mask over the cached key slots, from
+        the one Lineage all layers share (decoding/kv_cache.py). The call that makes the cache only sizes it."""
+        if not self.has_variable("cache", "lineage"):
+            self.put_variable("cache", "lineage", Lineage.empty(y.shape[0], y.shape[1], cache_block))
+            return default_positions(y), None
+        lineage: nn.Variable[Lineage] = self.variable("cache", "lineage")
+        positions = jnp.full(y.shape, lineage.value.index, dtype=jnp.int32)  # [batch, 1]
+        lineage.value, mask = lineage.value.advance()
+        return positions, mask
 
 
 class Transformer(nn.Module):

@@ -181,8 +181,8 @@ class Translator:
             )
             sequences, scores = np.asarray(tokens)[:, None], np.asarray(log_probs)[:, None]  # [rows, 1, ...]
         else:
-            sequences, scores = beam_search(self.model, self.params, inputs, config=self.decode_config)
-            sequences, scores = np.asarray(sequences), np.asarray(scores)  # [rows, beam, length], [rows, beam]
+            sequences, scores = beam_search(self.model, self.params, inputs, config=self.decode_config, nbest=nbest)
+            sequences, scores = np.asarray(sequences), np.asarray(scores)  # [rows, nbest, length], [rows, nbest]
         return [
             [
                 Hypothesis(self.tokenizer.decode(sequences[row, rank].tolist()), float(scores[row, rank]))

@@ -49,7 +49,7 @@ GROUPS = (
     ("output projection (vocab matmul)", lambda text, source: "attend" in source),
     ("top-k over the vocabulary (beam)", lambda text, source: "top_k" in source or "TopK" in text),
     ("log-softmax normaliser, argmax", lambda text, source: "logsumexp" in source or "body/reduce" in source),
-    ("lineage mask (beam groups)", lambda text, source: "append" in source and "dynamic-update-slice" not in text),
+    ("lineage mask (once a step)", lambda text, source: "_decode_step" in source or "advance" in source),
     ("cache writes", lambda text, source: "dynamic-update-slice" in text and "keys_values" in source),
     (
         "attention scores, softmax, values",

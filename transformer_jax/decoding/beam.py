@@ -11,8 +11,9 @@ Scores. score(Y) = log P(Y | X) / lp(|Y|), lp(n) = ((5 + n) / 6) ** alpha, with 
 
 Termination. A live hypothesis with log-probability s can at best finish with score s / max_n lp(n) over
 the lengths n it can still reach (log-probabilities only fall as tokens are added). When, for every
-sentence, that bound for the best live hypothesis cannot beat the worst of `beam` finished hypotheses, no
-further step can change the n-best list, and the loop stops; otherwise it runs to the length limit.
+sentence, that bound for the best live hypothesis cannot beat the `nbest`-th best finished hypothesis, no
+further step can change the `nbest` best, and the loop stops; otherwise it runs to the length limit. The
+search returns those `nbest` (default all `beam`): asking for the 1-best stops sooner and gives the same 1-best.
 
 Layout. The model sees hypotheses flattened to [batch * beam, ...] (rows of a sentence are adjacent, so a
 batch-sharded cache keeps them on one device); search arrays are [batch, beam, ...].
@@ -54,23 +55,27 @@ def _is_valid(log_probs):
     return log_probs > NEG_INF / 2
 
 
-def sentences_done(state: BeamState, *, max_lengths: jnp.ndarray, alpha: float) -> jnp.ndarray:
-    """[batch] bool: no live hypothesis of the sentence can still enter its finished n-best list."""
+def sentences_done(
+    state: BeamState, *, max_lengths: jnp.ndarray, alpha: float, nbest: int | None = None
+) -> jnp.ndarray:
+    """[batch] bool: no live hypothesis of the sentence can still enter the `nbest` best of its finished list
+    (default: all of it)."""
     index = state.step
     # The largest length penalty any live hypothesis can still reach: lp is monotone in the length, so it is
     # at one end of [index + 1, limit] (the limit for alpha >= 0).
     best_penalty = jnp.maximum(length_penalty(index + 1, alpha), length_penalty(max_lengths, alpha))  # [batch]
     best_live = state.live_log_probs[:, 0]  # [batch]: sorted, the best first
     live_bound = best_live / best_penalty
-    worst_finished = jnp.where(jnp.all(state.finished_flags, axis=1), state.finished_scores[:, -1], NEG_INF)
+    last = (nbest or state.finished_flags.shape[1]) - 1
+    worst_finished = jnp.where(state.finished_flags[:, last], state.finished_scores[:, last], NEG_INF)
     return (worst_finished >= live_bound) | ~_is_valid(best_live) | (index >= max_lengths)
 
 
 def search_should_continue(
-    state: BeamState, *, max_decode_len: int, max_lengths: jnp.ndarray, alpha: float
+    state: BeamState, *, max_decode_len: int, max_lengths: jnp.ndarray, alpha: float, nbest: int | None = None
 ) -> jnp.ndarray:
-    """False once no live hypothesis of any sentence can still enter its finished n-best list."""
-    done = sentences_done(state, max_lengths=max_lengths, alpha=alpha)
+    """False once no live hypothesis of any sentence can still enter the `nbest` best of its finished list."""
+    done = sentences_done(state, max_lengths=max_lengths, alpha=alpha, nbest=nbest)
     return (state.step < max_decode_len) & ~jnp.all(done)
 
 
@@ -79,7 +84,8 @@ class BeamSearch:
     """Beam search with these settings (hashable: a static argument of jit); `beam_size` rows per sentence.
 
     one_hot: reorder with one-hot matmuls (DecodeConfig.gather). early_stopping=False runs every sentence to its
-    limit (the same result, for tests).
+    limit (the same result, for tests). nbest: how many of the best finished hypotheses are final when a sentence
+    stops and are returned (None: beam_size).
     """
 
     beam_size: int
@@ -89,6 +95,11 @@ class BeamSearch:
     pad_id: int
     one_hot: bool = False
     early_stopping: bool = True
+    nbest: int | None = None
+
+    def __post_init__(self):
+        if self.nbest is not None and not 1 <= self.nbest <= self.beam_size:
+            raise ValueError(f"nbest={self.nbest} must lie in [1, beam_size={self.beam_size}].")
 
     @property
     def rows_per_sentence(self) -> int:
@@ -159,17 +170,18 @@ class BeamSearch:
         )
 
     def sentences_done(self, state: BeamState, max_lengths: jnp.ndarray) -> jnp.ndarray:
-        """[batch] bool: the sentence's n-best list can no longer change (exact early termination)."""
+        """[batch] bool: the sentence's `nbest` best can no longer change (exact early termination)."""
         if not self.early_stopping:
             return state.step >= max_lengths
-        return sentences_done(state, max_lengths=max_lengths, alpha=self.alpha)
+        return sentences_done(state, max_lengths=max_lengths, alpha=self.alpha, nbest=self.nbest)
 
     def outputs(self, state: BeamState) -> tuple[jnp.ndarray, jnp.ndarray]:
-        """(sequences [batch, beam, max_decode_len] pad after EOS, scores [batch, beam]) best first; slots with
+        """(sequences [batch, nbest, max_decode_len] pad after EOS, scores [batch, nbest]) best first; slots with
         no hypothesis (tiny vocabularies only) have score -inf and pad tokens."""
-        # Every sentence ends at its limit with all live hypotheses finished, or stops early with a full list.
-        sequences = jnp.where(state.finished_flags[:, :, None], state.finished_seqs, self.pad_id)
-        return sequences, jnp.where(state.finished_flags, state.finished_scores, -jnp.inf)
+        # Every sentence ends at its limit with all live hypotheses finished, or stops early with its nbest final.
+        flags = state.finished_flags[:, : self.nbest]  # [batch, nbest]
+        sequences = jnp.where(flags[:, :, None], state.finished_seqs[:, : self.nbest], self.pad_id)
+        return sequences, jnp.where(flags, state.finished_scores[:, : self.nbest], -jnp.inf)
 
 
 def beam_search_core(
@@ -186,6 +198,7 @@ def beam_search_core(
     pad_id: int,
     one_hot: bool = False,
     early_stopping: bool = True,
+    nbest: int | None = None,
     constrain: Callable[[Cache], Cache] = lambda cache: cache,
     cache_lengths: Sequence[int] | None = None,
     return_state: bool = False,
@@ -195,11 +208,12 @@ def beam_search_core(
     cache: leaves [batch * beam_size, ...] (rows of a sentence adjacent). max_lengths: [batch] per-sentence
     length limits (default max_decode_len). cache_lengths: the lengths a decode cache grows through
     (driver.growing_cache_loop; `cache` starts at the first), default (max_decode_len,). early_stopping=False
-    runs every sentence to its limit (same result, for tests). return_state=True also returns the final BeamState
-    (e.g. `.step`, the steps run). Returns BeamSearch.outputs: (sequences [batch, beam, max_decode_len] pad after
-    EOS, scores [batch, beam]) best first.
+    runs every sentence to its limit (same result, for tests). nbest: the hypotheses returned, exact (default
+    beam_size; 1 stops sooner). return_state=True also returns the final BeamState (e.g. `.step`, the steps run).
+    Returns BeamSearch.outputs: (sequences [batch, nbest, max_decode_len] pad after EOS, scores [batch, nbest])
+    best first.
     """
-    search = BeamSearch(beam_size, alpha, bos_id, eos_id, pad_id, one_hot, early_stopping)
+    search = BeamSearch(beam_size, alpha, bos_id, eos_id, pad_id, one_hot, early_stopping, nbest)
     final = run_search(search, step_fn, cache, batch_size, max_decode_len, max_lengths, constrain, cache_lengths)
     sequences, scores = search.outputs(final)
     return (sequences, scores, final) if return_state else (sequences, scores)
@@ -217,6 +231,7 @@ def beam_search(
     mesh: Mesh | None = None,
     rules: parallel.Rules = parallel.DEFAULT_RULES,
     early_stopping: bool = True,
+    nbest: int | None = None,
 ):
     """Beam search translation of `inputs` [batch, src_len] (pad_id = padding) with a Transformer.
 
@@ -224,8 +239,10 @@ def beam_search(
     is limited to its source length + config.extra_length, within the static buffer `max_decode_len` (default
     padded source width + extra_length, clipped to the model's max_len). The encoder runs once per sentence; its
     cross-attention keys/values are stored once per sentence and shared by its hypotheses, whose self-attention
-    keys form one group per sentence (kv_cache.KVCache).
-    Returns (sequences [batch, beam, max_decode_len], pad after EOS; scores [batch, beam] =
+    keys form one group per sentence (kv_cache.KVCache). nbest: how many hypotheses to return (default beam_size);
+    each sentence stops once its nbest best are final, so nbest=1 (a translation, not a list) decodes fewer steps
+    and gives the same best hypothesis.
+    Returns (sequences [batch, nbest, max_decode_len], pad after EOS; scores [batch, nbest] =
     log P(Y | X) / lp(|Y|), |Y| counting EOS), best first (numpy arrays).
     """
     config = DecodeConfig() if config is None else config
@@ -235,7 +252,7 @@ def beam_search(
         raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}.")
     cfg = model.config
     search = BeamSearch(
-        beam_size, float(alpha), cfg.bos_id, cfg.eos_id, cfg.pad_id, config.gather == "one_hot", early_stopping
+        beam_size, float(alpha), cfg.bos_id, cfg.eos_id, cfg.pad_id, config.gather == "one_hot", early_stopping, nbest
     )
     return decode_in_segments(
         model, params, inputs, search, max_decode_len=max_decode_len, config=config, mesh=mesh, rules=rules

@@ -1,13 +1,15 @@
 """The decode cache of a Transformer as a pytree: creating it, stepping with it, reordering and sharding it.
 
-Layout (Flax 'cache' collection, one subtree per decoder layer `decoder/layer_i`; types from kv_cache.py):
-  self_attention/keys_values   KVCache       keys/values [groups, heads, max_decode_len * block, d_k | d_v],
-                                             lineage [groups, block, max_decode_len], index []
-  cross_attention/memory       MemoryCache   keys/values [sources, heads, src_len, d_k | d_v], once per source
-  decoder/position             []            next target position, shared by all rows
+Layout (Flax 'cache' collection; types from kv_cache.py):
+  decoder/lineage                              Lineage       rows [groups, block, max_decode_len], index []: the
+                                                             next position and which key slots each row reads
+  decoder/layer_i/self_attention/keys_values   KVCache       keys/values [groups, heads, max_decode_len * block,
+                                                             d_k | d_v], index []
+  decoder/layer_i/cross_attention/memory       MemoryCache   keys/values [sources, heads, src_len, d_k | d_v],
+                                                             once per source
 
 Greedy search decodes one row per group (block 1); beam search puts each source's `beam` hypotheses in one group
-(block beam, `init_cache(..., beam_size=)`), so that reordering them moves only the lineage.
+(block beam, `init_cache(..., beam_size=)`), so that reordering them moves only the lineage, once for all layers.
 
 A step function `step_fn(tokens [n], cache) -> (logits [n, vocab] float32, cache)` is what the searches
 in greedy.py and beam.py consume; they never look inside the model.
@@ -24,7 +26,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec
 
 from transformer_jax import parallel
-from transformer_jax.decoding.kv_cache import KVCache, MemoryCache, gather_rows
+from transformer_jax.decoding.kv_cache import KVCache, Lineage, MemoryCache, gather_rows
 
 Cache = Any
 StepFn = Callable[[jnp.ndarray, Cache], tuple[jnp.ndarray, Cache]]
@@ -109,51 +111,51 @@ def uncached_step_fn(
     return step, state
 
 
-def _is_layer_cache(node) -> bool:
-    return isinstance(node, (KVCache, MemoryCache))
+def _is_typed_cache(node) -> bool:
+    return isinstance(node, (KVCache, Lineage, MemoryCache))
 
 
 def reorder_cache(cache: Cache, indices: jnp.ndarray, *, one_hot: bool = False) -> Cache:
     """Hypothesis j of sentence b continues hypothesis indices[b, j] ([batch, new_beam]) in a flattened beam cache.
 
-    Each attention layer's cache reorders itself (kv_cache.py: a beam group moves its lineage, the memory stays);
-    scalars (the decoder's position) are shared by all rows and stay; any other leaf [batch * old_beam, ...] (a
-    step function's own state) becomes [batch * new_beam, ...] with row (b, j) taken from (b, indices[b, j]).
+    Each typed cache reorders itself (kv_cache.py: a beam group moves the decoder's lineage, keys and the memory
+    stay); scalars are shared by all rows and stay; any other leaf [batch * old_beam, ...] (a step function's own
+    state) becomes [batch * new_beam, ...] with row (b, j) taken from (b, indices[b, j]).
     """
 
     def reorder(node):
-        if _is_layer_cache(node):
+        if _is_typed_cache(node):
             return node.reorder(indices, one_hot=one_hot)
         return node if jnp.ndim(node) == 0 else gather_rows(node, indices, one_hot=one_hot)
 
-    return jax.tree.map(reorder, cache, is_leaf=_is_layer_cache)
+    return jax.tree.map(reorder, cache, is_leaf=_is_typed_cache)
 
 
 def resize_cache(cache: Cache, max_len: int) -> Cache:
     """The cache with room for `max_len` target positions; what it holds is unchanged (kv_cache.py `resized`)."""
 
     def resize(node):
-        if _is_layer_cache(node):
+        if _is_typed_cache(node):
             return node.resized(max_len)
         if jnp.ndim(node) == 0:
             return node
-        raise ValueError(f"a decode cache array of shape {node.shape} outside KVCache/MemoryCache cannot be resized.")
+        raise ValueError(f"a decode cache array of shape {node.shape} outside the typed caches cannot be resized.")
 
-    return jax.tree.map(resize, cache, is_leaf=_is_layer_cache)
+    return jax.tree.map(resize, cache, is_leaf=_is_typed_cache)
 
 
 def logical_axes(cache: Cache) -> Cache:
     """The logical names of every cache array's dimensions, a PartitionSpec per array in the cache's structure:
-    those the attention layers' caches declare (kv_cache.py), () for the shared scalars."""
+    those the typed caches declare (kv_cache.py), () for shared scalars."""
 
     def axes(node):
-        if _is_layer_cache(node):
+        if _is_typed_cache(node):
             return node.logical_axes()
         if jnp.ndim(node) == 0:
             return PartitionSpec()
-        raise ValueError(f"a decode cache array of shape {node.shape} outside KVCache/MemoryCache has no logical axes.")
+        raise ValueError(f"a decode cache array of shape {node.shape} outside the typed caches has no logical axes.")
 
-    return jax.tree.map(axes, cache, is_leaf=_is_layer_cache)
+    return jax.tree.map(axes, cache, is_leaf=_is_typed_cache)
 
 
 def cache_shardings(cache: Cache, mesh: Mesh, rules: parallel.Rules = parallel.DEFAULT_RULES) -> Cache:

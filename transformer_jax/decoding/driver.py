@@ -8,9 +8,9 @@ run_search is the whole loop in one lax.while_loop (traceable, any step function
 Transformer's search as a few jitted segments of `decode.cache_segment` steps, and between them, on the host:
   - the cache grows (doubling) when the next segment needs more positions, so that a step's attention reads
     about the positions written, not the whole buffer;
-  - once at most half the rows still decode, the finished sentences leave the batch: their outputs are final
-    (greedy: EOS or the limit; beam: exact early termination) and the rest continue in a batch half the size,
-    down to MIN_ROWS, the way an inference engine drops finished sentences.
+  - the finished sentences leave the batch: their outputs are final (greedy: EOS or the limit; beam: exact early
+    termination) and the rest continue in a batch of the active count rounded up to a multiple of ROW_STEP (at
+    least MIN_ROWS), the way an inference engine drops finished sentences.
 A sentence's output is computed by the same steps either way; each (rows, cache length) pair compiles once.
 """
 
@@ -44,7 +44,8 @@ from transformer_jax.decoding.config import DecodeConfig, cache_lengths, per_sen
 
 logger = logging.getLogger(__name__)
 
-MIN_ROWS = 8  # a batch is not halved below this many sentences (fewer compiled shapes, little to gain)
+MIN_ROWS = 8  # a batch does not shrink below this many sentences (fewer compiled shapes, little to gain)
+ROW_STEP = 8  # batch sizes a shrinking batch takes are multiples of this (each compiles once)
 
 
 def _before(cond: Callable[[Any], jnp.ndarray], length: int, state: Any) -> jnp.ndarray:
@@ -158,6 +159,14 @@ def _resize(carry: Carry, *, cache_len: int) -> Carry:
     return carry._replace(state=carry.state._replace(cache=resize_cache(carry.state.cache, cache_len)))
 
 
+def shrunk_rows(rows: int, active: int, shards: int) -> int:
+    """The batch size a segment continues with when `active` of `rows` sentences still decode: the active count
+    rounded up to a multiple of ROW_STEP (and of the mesh's batch shards), at least MIN_ROWS, at most `rows`."""
+    step = int(np.lcm(ROW_STEP, shards))
+    target = max(-(-active // step), -(-MIN_ROWS // step)) * step
+    return target if target < rows else rows
+
+
 def _batch_shards(mesh: Mesh | None, rules: parallel.Rules) -> int:
     """How many ways the mesh splits the batch: a decode batch must stay a multiple of it."""
     if mesh is None:
@@ -224,9 +233,7 @@ def decode_in_segments(
         if done.all() or stop >= length:
             break
         active = np.flatnonzero(~done)
-        target = rows
-        while target % 2 == 0 and target // 2 >= max(active.size, MIN_ROWS) and (target // 2) % shards == 0:
-            target //= 2
+        target = shrunk_rows(rows, active.size, shards)
         if target < rows:  # the finished sentences leave; a few may stay to fill the smaller batch
             keep = np.concatenate([active, np.flatnonzero(done)[: target - active.size]])
             collect(np.setdiff1d(np.arange(rows), keep))

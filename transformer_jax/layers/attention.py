@@ -244,7 +244,8 @@ class MultiHeadAttention(nn.Module):
 
     def _append_to_cache(self, inputs, mask, cache_block: int):
         """Self-attention decode step: writes this step's key/value into the KVCache and returns its keys/values
-        [groups, heads, kv_len, d_k | d_v] with the mask over them.
+        [groups, heads, kv_len, d_k | d_v] with the mask over them (`mask`, the decoder's Lineage.advance, or the
+        slots written so far).
 
         The first call (cache initialisation) sees the full-length target and only sizes the cache; its output is
         not meaningful.
