@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Multi30k end to end on a time budget: train (experiments/multi30k.py, train.max_minutes), average the last
-# 8 checkpoints of the run's second half, then score test_2016_flickr: averaged and last checkpoint, beam and greedy.
+# Multi30k end to end on a time budget: train (experiments/multi30k.py, train.max_minutes), average the 8
+# checkpoints of lowest validation perplexity, then score test_2016_flickr: averaged and best checkpoint (both chosen
+# on validation only), beam and greedy.
 #   experiments/multi30k.sh /path/to/multi30k [workdir] [--pair en-de|de-en|en-fr] [--config.field=value ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,12 +20,11 @@ SECONDS=0
 "$TJ" train --config experiments/multi30k.py --workdir "$WORKDIR" --config.data.path="$DATA" \
   --config.data.source_lang="${PAIR%-*}" --config.data.target_lang="${PAIR#*-}" "$@"
 TRAINED=$SECONDS
-"$TJ" average --workdir "$WORKDIR" --last 8 --from-fraction 0.5
+"$TJ" average --workdir "$WORKDIR" --best 8 --metric perplexity
 echo "training took ${TRAINED} s; with averaging ${SECONDS} s"
-for checkpoint in averaged latest; do
-  ckpt_flag=(); [[ $checkpoint == averaged ]] && ckpt_flag=(--checkpoint averaged)
-  "$TJ" evaluate --workdir "$WORKDIR" "${ckpt_flag[@]}" --split test --batch-size 100 --beam-size "$BEAM" \
+for checkpoint in averaged best; do
+  "$TJ" evaluate --workdir "$WORKDIR" --checkpoint "$checkpoint" --split test --batch-size 100 --beam-size "$BEAM" \
     --alpha "$ALPHA" --samples 3
-  "$TJ" evaluate --workdir "$WORKDIR" "${ckpt_flag[@]}" --split test --batch-size 100 --greedy --samples 0
+  "$TJ" evaluate --workdir "$WORKDIR" --checkpoint "$checkpoint" --split test --batch-size 100 --greedy --samples 0
 done
 echo "all done in ${SECONDS} s"

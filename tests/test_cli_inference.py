@@ -136,8 +136,8 @@ def test_torch_export_and_import_round_trip(workdir, tmp_path, monkeypatch, caps
 
 
 def test_unknown_checkpoint_names_the_choices(workdir):
-    with pytest.raises(ValueError, match=r"use a step number, one of \('averaged', 'imported'\)"):
-        ckpt.load_params(workdir, "best")
+    with pytest.raises(ValueError, match=r"use a step number, 'best', one of \('averaged', 'imported'\)"):
+        ckpt.load_params(workdir, "final")
     with pytest.raises(FileNotFoundError, match="No checkpoint at step 4"):
         ckpt.load_params(workdir, 4)
 

@@ -98,3 +98,14 @@ def test_a_bad_sweep_file_is_refused_before_any_work(tmp_path, capsys, rows, mes
     sweep_file = write_sweep_file(tmp_path / "grid.py", rows)
     assert cli.main(["sweep", str(sweep_file), "--workdir", str(tmp_path / "runs")]) == 2
     assert message in capsys.readouterr().err and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("command", ["sweep", "train"])
+def test_a_file_with_a_syntax_error_is_one_line_naming_it(tmp_path, capsys, command):
+    broken = tmp_path / "broken.py"
+    broken.write_text("def get_config():\n    return Experiment(\n")
+    args = ["sweep", str(broken)] if command == "sweep" else ["train", "--config", str(broken)]
+    assert cli.main([*args, "--workdir", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("config error: ") and f"{broken}, line 2:" in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()

@@ -13,7 +13,7 @@ import pytest
 from conftest import SMALL_CORPUS, tiny_run_overrides
 
 from transformer_jax import cli
-from transformer_jax.checkpoint import CheckpointDamagedError, CheckpointMismatchError
+from transformer_jax.checkpoint import CheckpointDamagedError, Checkpointer, CheckpointMismatchError
 from transformer_jax.experiment import ConfigError
 from transformer_jax.train import loop
 from transformer_jax.train.progress import read_metrics
@@ -61,6 +61,10 @@ def test_uninterrupted_run_learns_and_writes_everything(uninterrupted):
     assert (workdir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads((workdir / "config.json").read_text())
     assert saved["model"]["vocab_size"] == 200 and saved["model"]["d_model"] == 32
+    (ran_on,) = [row for row in read_metrics(workdir) if row["kind"] == "machine"]  # what the figures came from
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    assert ran_on["step"] == 0 and ran_on["cpu"] and (ran_on["cpu"] in cpuinfo or not cpuinfo)
+    assert ran_on["devices"].endswith(" x cpu") and ran_on["cpu_cores"] >= 1
 
 
 def test_stopped_by_sigterm_and_resumed_gives_the_same_losses(uninterrupted, tmp_path):
@@ -142,10 +146,18 @@ def test_train_exit_code_says_a_signal_stopped_it(monkeypatch, tmp_path, capsys,
 
 
 def test_time_budget_stops_saves_and_evaluates(tmp_path):
-    summary = loop.train(small_config(10_000, **{"train.max_minutes": 0.3}), tmp_path)  # 18 s: far from 10k updates
-    assert summary["stopped_by"].startswith("time budget") and 0 < summary["step"] < 10_000
-    assert (tmp_path / "checkpoints" / str(summary["step"])).is_dir()
+    """18 s, far from 10k updates. Under train.keep_best the last checkpoint is validated before it is saved, so it
+    is ranked with the others (orbax holds its perplexity) and validated once."""
+    config = small_config(10_000, **{"train.max_minutes": 0.3, "train.keep_best": 2, "train.eval_every": 3})
+    summary = loop.train(config, tmp_path)
+    step = summary["stopped_by"].startswith("time budget") and summary["step"]
+    assert 0 < step < 10_000 and (tmp_path / "checkpoints" / str(step)).is_dir()
     assert summary["eval"] is not None
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    (last_eval,) = [row for row in lines if row["kind"] == "eval" and row["step"] == step]
+    checkpointer = Checkpointer(tmp_path, keep=None)
+    assert checkpointer.manager.metrics(step) == {"perplexity": last_eval["perplexity"]}
+    checkpointer.close()
 
 
 def test_load_model_for_inference(uninterrupted):

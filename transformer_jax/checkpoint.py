@@ -2,9 +2,10 @@
 opt_state, step, rng, ...) and data/ (the batch iterator's position, JSON); the rest of a workdir is workdir.py's.
 
 Saves are asynchronous (orbax writes in a background thread while training continues); the last `keep`
-checkpoints are kept. Before anything is restored or overwritten, `check_compatible` compares the shapes of
-the saved parameters with those the config asks for and names every difference. A state whose parameters
-are not all finite is never saved (`NonFiniteStateError`), so a diverged run cannot rotate good checkpoints out.
+checkpoints are kept, and with `keep_best` also the best by a validation metric (selection.py). Before anything is
+restored or overwritten, `check_compatible` compares the shapes of the saved parameters with those the config asks
+for and names every difference. A state whose parameters are not all finite is never saved (`NonFiniteStateError`),
+so a diverged run cannot rotate good checkpoints out.
 """
 
 from __future__ import annotations
@@ -71,10 +72,44 @@ def describe_mismatch(saved: dict[str, tuple], wanted: dict[str, tuple]) -> list
 class Checkpointer:
     """An orbax CheckpointManager over {workdir}/checkpoints with two items: 'state' and 'data' (JSON)."""
 
-    def __init__(self, workdir: str | Path, *, keep: int | None = 5, async_save: bool = True):
+    def __init__(
+        self,
+        workdir: str | Path,
+        *,
+        keep: int | None = 5,
+        async_save: bool = True,
+        keep_best: int = 0,
+        best_metric: str = "perplexity",
+        best_mode: str = "min",
+    ):
+        """keep: the latest checkpoints kept (None: all). keep_best: also keep this many of the checkpoints saved
+        with `metrics` (save), the best by metrics[best_metric] (best_mode 'min' or 'max'; selection.py)."""
         self.directory = Path(workdir).absolute() / CHECKPOINT_DIR
+        self.best_metric, self.keep_best = best_metric, keep_best
+        policy, metric = None, None
+        if keep_best and keep is not None:
+
+            def metric(metrics: dict) -> float:
+                return metrics[best_metric]
+
+            policy = ocp.checkpoint_managers.AnyPreservationPolicy(
+                [
+                    ocp.checkpoint_managers.LatestN(n=keep),
+                    ocp.checkpoint_managers.BestN(
+                        get_metric_fn=metric,
+                        reverse=best_mode == "min",  # BestN keeps the last n in this sort order
+                        n=keep_best,
+                        keep_checkpoints_without_metrics=False,
+                    ),
+                ]
+            )
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep,
+            max_to_keep=None if policy else keep,
+            preservation_policy=policy,
+            # orbax writes a checkpoint's metrics to disk (and reads them back when a resumed run opens the
+            # directory) only when best_fn is set; the policy above alone would forget them on resume.
+            best_fn=metric,
+            best_mode=best_mode,
             create=True,
             enable_async_checkpointing=async_save,
         )
@@ -106,8 +141,11 @@ class Checkpointer:
                 "Nothing was overwritten."
             )
 
-    def save(self, step: int, state: Any, data_state: dict | None = None, *, wait: bool = False) -> None:
-        """Starts an (async) save of the state and the data position at `step`; refuses a non-finite state."""
+    def save(
+        self, step: int, state: Any, data_state: dict | None = None, *, metrics: dict | None = None, wait: bool = False
+    ) -> None:
+        """Starts an (async) save of the state and the data position at `step`; refuses a non-finite state.
+        metrics: the validation at this step ({best_metric: value}), which keep_best ranks; None if there was none."""
         if not bool(all_finite(state)):
             raise NonFiniteStateError(
                 f"update {step}: the parameters or optimizer state hold NaN or infinity (the run diverged); "
@@ -117,7 +155,9 @@ class Checkpointer:
             state=ocp.args.StandardSave(flax.serialization.to_state_dict(state)),
             data=ocp.args.JsonSave(data_state or {}),
         )
-        self.manager.save(step, args=args, force=True)
+        if not self.keep_best or (metrics is not None and self.best_metric not in metrics):
+            metrics = None
+        self.manager.save(step, args=args, metrics=metrics, force=True)
         if wait:
             self.manager.wait_until_finished()
 

@@ -160,8 +160,8 @@ def _add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--checkpoint",
         default=None,
-        help="a step number, 'averaged' (see `average`), 'imported' (see `import-torch`), "
-        "or nothing for the latest checkpoint",
+        help="a step number, 'best' (the best on validation, train.best_metric), 'averaged' (see `average`), "
+        "'imported' (see `import-torch`), or nothing for the latest checkpoint",
     )
     parser.add_argument("--greedy", action="store_true", help="greedy decoding instead of beam search")
     for field in dataclasses.fields(DecodeConfig):  # --beam-size, --alpha, ...: one flag per DecodeConfig field
@@ -379,15 +379,27 @@ def _run_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-@register("average", help="Average the parameters of the last N checkpoints (paper §6.1: 5 for base, 20 for big).")
+@register(
+    "average",
+    help="Average the parameters of the last N checkpoints (paper §6.1: 5 for base, 20 for big), or of the N best "
+    "by a validation metric.",
+)
 def _average_command(parser: argparse.ArgumentParser) -> Handler:
     parser.add_argument("--workdir", required=True)
-    parser.add_argument("--last", type=int, default=5, help="how many of the latest checkpoints")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--last", type=int, default=5, help="how many of the latest checkpoints (default 5)")
+    which.add_argument("--best", type=int, default=None, help="how many of the kept checkpoints best on validation")
+    parser.add_argument(
+        "--metric",
+        choices=("perplexity", "bleu"),  # selection.BEST_METRICS (not imported: the CLI starts light)
+        default=None,
+        help="with --best: validation perplexity or greedy BLEU (default: the run's train.best_metric)",
+    )
     parser.add_argument(
         "--from-fraction",
         type=float,
         default=0.0,
-        help="only checkpoints at or after this fraction of the latest step (0.5: the run's second half)",
+        help="with --last: only checkpoints at or after this fraction of the latest step (0.5: the second half)",
     )
     return _run_average
 
@@ -395,18 +407,22 @@ def _average_command(parser: argparse.ArgumentParser) -> Handler:
 def _run_average(args: argparse.Namespace) -> int:
     from transformer_jax import workdir
 
-    if args.last < 1:
-        print(
-            f"error: --last {args.last}: give how many of the latest checkpoints to average (1 or more).",
-            file=sys.stderr,
-        )
+    count, flag = (args.best, "--best") if args.best is not None else (args.last, "--last")
+    if count < 1:
+        print(f"error: {flag} {count}: give how many checkpoints to average (1 or more).", file=sys.stderr)
         return 2
     if not 0.0 <= args.from_fraction <= 1.0:
         print(f"error: --from-fraction {args.from_fraction}: give a fraction of the run in [0, 1].", file=sys.stderr)
         return 2
     check_workdir(args.workdir, writable=True)
-    steps, directory = workdir.average_last(args.workdir, args.last, from_fraction=args.from_fraction)
-    print(f"averaged checkpoints {steps} into {directory}; use it with --checkpoint averaged")
+    if args.best is not None:
+        metric = args.metric or workdir.run_best_metric(args.workdir)
+        steps, directory = workdir.average_best(args.workdir, args.best, metric)
+        chosen = f"the {len(steps)} best by validation {metric}"
+    else:
+        steps, directory = workdir.average_last(args.workdir, args.last, from_fraction=args.from_fraction)
+        chosen = "the latest"
+    print(f"averaged checkpoints {steps} ({chosen}) into {directory}; use it with --checkpoint averaged")
     return 0
 
 
@@ -516,7 +532,8 @@ EXAMPLES = {
     "evaluate": "examples:\n"
     "  transformer-jax evaluate --workdir runs/tiny --checkpoint averaged --split test\n"
     "  transformer-jax evaluate --workdir runs/tiny --greedy --source-file in.en --reference-file ref.de",
-    "average": "examples:\n  transformer-jax average --workdir runs/tiny --last 5   # then --checkpoint averaged",
+    "average": "examples:\n  transformer-jax average --workdir runs/tiny --last 5   # then --checkpoint averaged\n"
+    "  transformer-jax average --workdir runs/m30k --best 8 --metric perplexity",
     "export-torch": "examples:\n"
     "  transformer-jax export-torch --workdir runs/tiny --checkpoint averaged --output model.pt",
     "import-torch": "examples:\n  transformer-jax import-torch --workdir runs/tiny --input model.pt",

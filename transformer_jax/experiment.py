@@ -162,7 +162,11 @@ class TrainConfig(_Section):
     log_every: int = 100
     eval_every: int = 5000
     checkpoint_every: int = 5000
-    keep_checkpoints: int = 5
+    keep_checkpoints: int = 5  # the latest
+    # Also keep the best this many checkpoints by the validation metric best_metric (selection.py); 0 = off. Their
+    # steps need a validation: eval_every (perplexity) or bleu_every (bleu) must divide checkpoint_every.
+    keep_best: int = 0
+    best_metric: Literal["perplexity", "bleu"] = "perplexity"
     async_checkpoints: bool = True
     progress: bool = True
     # Dropout mask bits (train/step.py: dropout_key), all drawn from (seed, step) so a resumed run is exact: XLA's
@@ -183,6 +187,17 @@ class TrainConfig(_Section):
             )
         if not isinstance(self.bleu_every, int) or self.bleu_every < 0:
             raise ConfigError(f"train.bleu_every={self.bleu_every!r} must be a non-negative integer (0 = off).")
+        if not isinstance(self.keep_best, int) or self.keep_best < 0:
+            raise ConfigError(f"train.keep_best={self.keep_best!r} must be a non-negative integer (0 = off).")
+        intervals = {"perplexity": ("eval_every", self.eval_every), "bleu": ("bleu_every", self.bleu_every)}
+        name, every = intervals[self.best_metric]
+        if self.keep_best and (not every or self.checkpoint_every % every):
+            raise ConfigError(
+                f"train.keep_best={self.keep_best} ranks checkpoints by validation {self.best_metric}, but "
+                f"train.{name}={every} does not divide train.checkpoint_every={self.checkpoint_every}, so the "
+                f"checkpoints would have no {self.best_metric} to rank; set train.{name} to a divisor of "
+                f"{self.checkpoint_every} (e.g. --config.train.{name}={self.checkpoint_every})."
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,10 +220,11 @@ class DecodeConfig(_Section):
         default=None, metadata={"help": "static output buffer (default: padded source width + extra length)"}
     )
     cache_segment: int = dataclasses.field(
-        default=16,
+        default=8,
         metadata={
-            "help": "the decode cache starts with room for this many positions and doubles when full, so that "
-            "attention reads about the positions written (0 = the whole buffer from the start)"
+            "help": "decode in jitted segments of this many steps; between them finished sentences leave the batch "
+            "and the cache, which starts with room for this many positions, doubles when the next segment needs "
+            "more (0 = one loop over the whole buffer)"
         },
     )
     gather: Literal["take", "one_hot"] = dataclasses.field(
@@ -372,18 +388,32 @@ def load_config_file(path: str | Path) -> Experiment:
             return Experiment.from_dict(upgrade_config(json.loads(path.read_text())))
         except json.JSONDecodeError as error:
             raise ConfigError(f"{path} is not valid JSON ({error}).") from None
-    spec = importlib.util.spec_from_file_location(f"_experiment_{path.stem}", path)
-    if spec is None or spec.loader is None:
+    module = exec_python_file(path, "_experiment_")
+    if module is None:
         raise ConfigError(f"{path} is not a Python file; give an experiments/*.py file or a workdir's config.json.")
-    module = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(module)
         experiment = module.get_config() if hasattr(module, "get_config") else None
     except ValueError as error:  # a section's ConfigError, or ModelConfig's ValueError
         raise ConfigError(f"{path}: {error}") from None
     if not isinstance(experiment, Experiment):
         raise ConfigError(f"{path} must define get_config() returning a transformer_jax.experiment.Experiment.")
     return experiment
+
+
+def exec_python_file(path: Path, prefix: str) -> types.ModuleType | None:
+    """The executed module of a user's Python file (an experiment or sweep file), None if it is not Python source.
+    A syntax error in it is a ConfigError naming the file, line and text."""
+    spec = importlib.util.spec_from_file_location(f"{prefix}{path.stem}", path)
+    if spec is None or spec.loader is None or path.suffix != ".py":
+        return None
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as error:
+        raise ConfigError(
+            f"{path}, line {error.lineno}: {error.msg}: {(error.text or '').strip()!r}; fix the file and run again."
+        ) from None
+    return module
 
 
 def load_experiment(path: str | Path, overrides: Iterable[tuple[str, str]] = ()) -> Experiment:

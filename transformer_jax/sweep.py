@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import importlib.util
 import json
 import re
 import shlex
@@ -27,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from transformer_jax.experiment import ConfigError, Experiment, apply_overrides, load_config_file
+from transformer_jax.experiment import ConfigError, Experiment, apply_overrides, exec_python_file, load_config_file
 
 TABLE = "table"  # DIR/table.md, .csv, .json, .png
 METRICS = "metrics.jsonl"
@@ -79,11 +78,9 @@ def load_sweep_file(path: str | Path) -> tuple[Sweep, Path]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"sweep file {path} not found; e.g. transformer-jax sweep experiments/table3.py ...")
-    spec = importlib.util.spec_from_file_location(f"_sweep_{path.stem}", path)
-    if spec is None or spec.loader is None or path.suffix != ".py":
+    module = exec_python_file(path, "_sweep_")
+    if module is None:
         raise ConfigError(f"{path} is not a Python file with get_sweep().")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     sweep = module.get_sweep() if hasattr(module, "get_sweep") else None
     if not isinstance(sweep, Sweep):
         raise ConfigError(f"{path} must define get_sweep() returning a transformer_jax.sweep.Sweep.")

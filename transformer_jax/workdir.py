@@ -4,7 +4,8 @@ trained model, checkpoint averaging.
     {workdir}/config.json          resolved experiment config (model section complete: vocab and special ids)
     {workdir}/spm.model            the SentencePiece model (data/tokenizer.py)
     {workdir}/checkpoints/{step}/  state/ (TrainState: params, opt_state, step, rng, ...), data/ (iterator JSON)
-    {workdir}/averaged/            params averaged over the last N checkpoints (`transformer-jax average`)
+    {workdir}/averaged/            params averaged over checkpoints: the last N or the best N by validation
+                                   (`transformer-jax average`)
     {workdir}/imported/            params loaded from a torch state_dict (`transformer-jax import-torch`)
     {workdir}/metrics.jsonl, tensorboard/, curves.png    the training log (train/progress.py)
     {workdir}/train.lock           held by the trainer while it runs (`TrainerLock`)
@@ -34,6 +35,7 @@ from transformer_jax.checkpoint import CHECKPOINT_DIR, Checkpointer, on_first_de
 from transformer_jax.config import ModelConfig
 from transformer_jax.errors import UserError
 from transformer_jax.experiment import ConfigError, OptimizerConfig
+from transformer_jax.selection import BestMetric, best_steps, validation_scores
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +43,7 @@ CONFIG_FILENAME = "config.json"
 LOCK_FILENAME = "train.lock"
 # Parameter sets stored beside the training checkpoints, selected by name instead of a step.
 NAMED_PARAMS = ("averaged", "imported")
+BEST = "best"  # --checkpoint best: the kept checkpoint with the best validation metric
 
 
 # ----------------------------------------------------------------------------------------------- config.json
@@ -227,14 +230,17 @@ class TrainerLock:
 
 
 def load_params(workdir: str | Path, checkpoint: int | str | None = None) -> Any:
-    """Parameters of a run: checkpoint None = the latest step, an int (or digits) = that step, or one of
-    NAMED_PARAMS ('averaged' from `transformer-jax average`, 'imported' from `import-torch`)."""
+    """Parameters of a run: checkpoint None = the latest step, an int (or digits) = that step, 'best' = the kept
+    checkpoint with the best validation metric (the run's train.best_metric, selection.py), or one of NAMED_PARAMS
+    ('averaged' from `transformer-jax average`, 'imported' from `import-torch`)."""
     workdir = Path(workdir)
     if isinstance(checkpoint, str) and checkpoint in NAMED_PARAMS:
         return restore_named_params(workdir, checkpoint)
+    if checkpoint == BEST:
+        checkpoint = best_checkpoints(workdir, 1, run_best_metric(workdir))[0]
     if isinstance(checkpoint, str) and not checkpoint.isdigit():
         raise ValueError(
-            f"checkpoint={checkpoint!r}: use a step number, one of {NAMED_PARAMS}, or nothing for the latest."
+            f"checkpoint={checkpoint!r}: use a step number, {BEST!r}, one of {NAMED_PARAMS}, or nothing for the latest."
         )
     checkpointer = Checkpointer(workdir, keep=None, async_save=False)
     try:
@@ -286,6 +292,50 @@ def average_params(workdir: str | Path, steps: list[int] | None = None, last: in
         checkpointer.close()
 
 
+def _kept_steps(workdir: str | Path) -> list[int]:
+    if not (Path(workdir) / CHECKPOINT_DIR).is_dir():
+        raise FileNotFoundError(
+            f"{Path(workdir) / CHECKPOINT_DIR} not found: is {workdir} the --workdir of a `transformer-jax train` run?"
+        )
+    checkpointer = Checkpointer(workdir, keep=None, async_save=False)
+    try:
+        return checkpointer.all_steps()
+    finally:
+        checkpointer.close()
+
+
+def run_best_metric(workdir: str | Path) -> BestMetric:
+    """The validation metric the run in `workdir` keeps its best checkpoints by (train.best_metric)."""
+    return load_config(workdir).get("train", {}).get("best_metric", "perplexity")
+
+
+def best_checkpoints(workdir: str | Path, k: int, metric: BestMetric) -> list[int]:
+    """The `k` kept checkpoints with the best validation `metric` (selection.py), in step order."""
+    available = _kept_steps(workdir)
+    steps = best_steps(validation_scores(workdir, metric), available, k, metric)
+    if not steps:
+        raise FileNotFoundError(
+            f"none of the checkpoints {available} in {workdir} has a validation {metric} in metrics.jsonl: the run "
+            "validated at other steps. Train with train.eval_every (perplexity) or train.bleu_every (bleu) dividing "
+            "train.checkpoint_every, or choose checkpoints by position (`average --last N`, a step number)."
+        )
+    return steps
+
+
+def average_best(workdir: str | Path, best: int, metric: BestMetric) -> tuple[list[int], Path]:
+    """Averages the `best` kept checkpoints with the best validation `metric` into {workdir}/averaged. Returns (the
+    steps averaged, the directory written); fewer ranked checkpoints than `best` average what exists, with a
+    warning."""
+    if best < 1:
+        raise ValueError(f"best={best}: average 1 or more of the best checkpoints.")
+    steps = best_checkpoints(workdir, best, metric)
+    if len(steps) < best:
+        logger.warning(
+            "only %d checkpoints of %s have a validation %s; averaging %s.", len(steps), workdir, metric, steps
+        )
+    return steps, save_named_params(workdir, "averaged", average_params(workdir, steps=steps), steps)
+
+
 def average_last(workdir: str | Path, last: int, *, from_fraction: float = 0.0) -> tuple[list[int], Path]:
     """Averages the `last` most recent checkpoints into {workdir}/averaged (`--checkpoint averaged`).
 
@@ -298,15 +348,7 @@ def average_last(workdir: str | Path, last: int, *, from_fraction: float = 0.0) 
         raise ValueError(f"last={last}: average 1 or more of the latest checkpoints.")
     if not 0.0 <= from_fraction <= 1.0:
         raise ValueError(f"from_fraction={from_fraction}: give a fraction of the run in [0, 1].")
-    if not (Path(workdir) / CHECKPOINT_DIR).is_dir():
-        raise FileNotFoundError(
-            f"{Path(workdir) / CHECKPOINT_DIR} not found: is {workdir} the --workdir of a `transformer-jax train` run?"
-        )
-    checkpointer = Checkpointer(workdir, keep=None, async_save=False)
-    try:
-        available = checkpointer.all_steps()
-    finally:
-        checkpointer.close()
+    available = _kept_steps(workdir)
     first = from_fraction * available[-1] if available else 0.0
     steps = [step for step in available if step >= first][-last:]
     if len(steps) < last:

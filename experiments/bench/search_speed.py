@@ -31,6 +31,7 @@ import jax
 import sacrebleu
 
 from transformer_jax.decoding import DecodeConfig, length_penalty
+from transformer_jax.machine import cpu_model
 from transformer_jax.translate import Translator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -161,7 +162,7 @@ def main(argv=None):
         bleu = f"{row['bleu_lc']:6.2f}" if "bleu_lc" in row else "   n/a"
         print(f"{engine:24} {name:24} {row['sentences_per_s']:8.1f} {warm:7.2f} {bleu} {same} {ratio}", flush=True)
 
-    print(f"{len(lines)} sentences, batch {args.batch_size}, alpha {args.alpha}, {platform.processor() or ''}")
+    print(f"{len(lines)} sentences, batch {args.batch_size}, alpha {args.alpha}, {cpu_model()}")
     print(f"{'engine':24} {'method':24} {'sent/s':>8} {'warm s':>7} {'BLEU':>6} {'same':>10} {'JAX/this':>9}")
     decode = DecodeConfig(alpha=args.alpha, cache_segment=args.cache_segment)
     for name, decode_config, translate in project_runs(base, beams, decode, args.batch_size):
@@ -189,14 +190,6 @@ def main(argv=None):
     }
     out = write_results("search", payload, args.out)
     print(f"wrote {out}")
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        return platform.processor()
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -62,18 +61,12 @@ def benches(args) -> dict[str, list[str]]:
     return out
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
-
-
 def stack_versions(python: str) -> dict:
     code = (
-        "import json, platform, jax, jaxlib, flax, optax, orbax.checkpoint as ocp; print(json.dumps({'python': "
-        "platform.python_version(), 'jax': jax.__version__, 'jaxlib': jaxlib.__version__, 'flax': flax.__version__, "
-        "'optax': optax.__version__, 'orbax-checkpoint': ocp.__version__}))"
+        "import json, platform, jax, jaxlib, flax, optax, orbax.checkpoint as ocp; "
+        "from transformer_jax.machine import cpu_model; print(json.dumps({'python': platform.python_version(), "
+        "'jax': jax.__version__, 'jaxlib': jaxlib.__version__, 'flax': flax.__version__, 'optax': optax.__version__, "
+        "'orbax-checkpoint': ocp.__version__, 'cpu': cpu_model()}))"
     )
     return json.loads(subprocess.run([python, "-c", code], check=True, capture_output=True, text=True).stdout)
 
@@ -142,13 +135,12 @@ def print_tables(summary: dict) -> None:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)
+    stacks = {name: {"python": python, "versions": stack_versions(python)} for name, python in args.stacks.items()}
     summary = {
-        "cpu": cpu_model(),
+        "cpu": next(iter(stacks.values()))["versions"]["cpu"],
         "rounds": args.rounds,
         "load_average_at_start": os.getloadavg(),
-        "stacks": {
-            name: {"python": python, "versions": stack_versions(python)} for name, python in args.stacks.items()
-        },
+        "stacks": stacks,
     }
     reports: dict = {name: {} for name in args.stacks}
     for round_index in range(1, args.rounds + 1):

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import sys
 import time
@@ -31,6 +30,7 @@ import jax
 import numpy as np
 
 from transformer_jax import cli
+from transformer_jax.machine import cpu_model
 from transformer_jax.train import loop
 
 THRESHOLDS = (20.0, 30.0, 35.0)
@@ -241,7 +241,7 @@ def main(argv=None) -> dict:
             experiment, workdir / "jax", workdir / "torch_compile", compile_model=True, device=args.device
         )
     report = {
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
         "jax": jax.__version__,
         "torch": torch.__version__,
         "load_average_at_end": os.getloadavg(),

@@ -11,7 +11,7 @@ condition's `reason(update)` is None or why the run stops at this update boundar
     Validation      validation loss every train.eval_every updates, greedy BLEU every train.bleu_every; at the
                     end the loss of a run stopped by its budget and the final BLEU (train.final_bleu)
     Checkpoints     a checkpoint every train.checkpoint_every updates and at the last; at the end, one of a run
-                    stopped early
+                    stopped early (by its budget: validated first under train.keep_best, so it can rank)
     StopSignals     SIGTERM / SIGINT (a second SIGINT interrupts at once)
     TimeBudget      train.max_minutes, counted from the start of `train`
 """
@@ -138,7 +138,7 @@ class Validation:
     def at_end(self, update: int, stopped_by: str | None) -> None:
         if update == self.trainer.start:
             return
-        if stopped_by == STOPPED_BY_BUDGET and update % self.cfg.eval_every:
+        if stopped_by == STOPPED_BY_BUDGET and "perplexity" not in self.trainer.validated.get(update, {}):
             self._run(update, loss=True, bleu=False)
         if (update == self.cfg.steps or stopped_by == STOPPED_BY_BUDGET) and self.cfg.final_bleu != "none":
             self.trainer.validation_bleu(update, "final_bleu", self.cfg.final_bleu, self.trainer.valid_pairs)
@@ -146,11 +146,9 @@ class Validation:
     def _run(self, update: int, *, loss: bool, bleu: bool) -> None:
         self.trainer.drain()
         began = time.perf_counter()
-        if loss:
-            self.trainer.validation_loss(update)
-        if bleu:
-            pairs = self.trainer.valid_pairs[: self.cfg.bleu_max_sentences]
-            self.trainer.validation_bleu(update, "bleu", "greedy", pairs)
+        for metric, due in (("perplexity", loss), ("bleu", bleu)):
+            if due:
+                self.trainer.validate(update, metric)
         self.train_rows.pause(time.perf_counter() - began)
 
 
@@ -169,6 +167,8 @@ class Checkpoints:
             stopped_by == STOPPED_BY_BUDGET and update > self.trainer.start
         )
         if stopped_early and self.last_saved != update:
+            if stopped_by == STOPPED_BY_BUDGET and self.cfg.keep_best:  # the last checkpoint competes for the best
+                self.trainer.validate(update, self.cfg.best_metric)
             self.trainer.save(update, wait=True)
             if stopped_by == STOPPED_BY_SIGNAL:
                 self.trainer.log.message(

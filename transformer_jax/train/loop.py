@@ -33,9 +33,10 @@ import jax
 import numpy as np
 
 from transformer_jax import checkpoint as ckpt
-from transformer_jax import distributed, parallel
+from transformer_jax import distributed, machine, parallel
 from transformer_jax.accounting import count_parameters
 from transformer_jax.experiment import ConfigError, Experiment
+from transformer_jax.selection import BEST_METRICS
 from transformer_jax.train.actions import (
     Checkpoints,
     FirstStepTime,
@@ -65,6 +66,9 @@ def train(experiment: Experiment, workdir: str | Path, on_update: Callable[[int,
     with Trainer(experiment, workdir) as trainer, StopSignals() as signals:
         steps, update = experiment.train.steps, trainer.start
         trainer.log.message(trainer.describe())
+        ran_on = machine.describe()
+        trainer.log.log("machine", update, ran_on)
+        trainer.log.message("machine: " + ", ".join(f"{key} {value}" for key, value in ran_on.items()))
         rows = trainer.train_rows = TrainRows(trainer, on_update)
         actions: list[PeriodicAction] = [FirstStepTime(trainer, rows), Validation(trainer, rows), Checkpoints(trainer)]
         stops: list[StopCondition] = [signals, TimeBudget(trainer)]
@@ -144,7 +148,12 @@ class Trainer:
             self.compiled = compiled_steps(self.model_cfg, experiment, self.mesh, self.rules)
 
             self.checkpointer = ckpt.Checkpointer(
-                self.workdir, keep=train_cfg.keep_checkpoints, async_save=train_cfg.async_checkpoints
+                self.workdir,
+                keep=train_cfg.keep_checkpoints,
+                async_save=train_cfg.async_checkpoints,
+                keep_best=train_cfg.keep_best,
+                best_metric=train_cfg.best_metric,
+                best_mode=BEST_METRICS[train_cfg.best_metric][2],
             )
             self._exit.callback(self.checkpointer.close)
             resolved = experiment.replace(model=self.model_cfg).to_dict()
@@ -209,6 +218,7 @@ class Trainer:
         self.in_flight: collections.deque[_InFlight] = collections.deque()
         self.train_rows: TrainRows | None = None  # set by the loop: it consumes the finished steps' metrics
         self.summary: dict[str, Any] = {"interrupted": None, "eval": None, "start_step": self.start}
+        self.validated: dict[int, dict[str, float]] = {}  # update -> its validation metrics, saved with its checkpoint
 
     def __enter__(self) -> Trainer:
         return self
@@ -256,13 +266,25 @@ class Trainer:
         """Checkpoints the state after `update`, once every dispatched step's metrics have been checked."""
         self.drain()
         data_position = {"batches": self.batches.state(), "micro_step": self.micro_step}
-        self.checkpointer.save(update, self.state, data_position, wait=wait)
+        self.checkpointer.save(update, self.state, data_position, metrics=self.validated.get(update), wait=wait)
+
+    def validate(self, update: int, metric: str) -> None:
+        """Validation `metric` at `update` unless it has been measured: 'perplexity' (the validation loss) or 'bleu'
+        (greedy, the first train.bleu_max_sentences pairs; selection.py)."""
+        if metric in self.validated.get(update, {}):
+            return
+        if metric == "perplexity":
+            self.validation_loss(update)
+        else:
+            pairs = self.valid_pairs[: self.experiment.train.bleu_max_sentences]
+            self.validation_bleu(update, "bleu", "greedy", pairs)
 
     def validation_loss(self, update: int) -> None:
         metrics = validation_loss(
             self.compiled.eval_step, self.state.params, self.valid, self.mesh, self.rules, self.shard
         )
         self.log.log("eval", update, metrics)
+        self.validated.setdefault(update, {})["perplexity"] = metrics["perplexity"]
         self.log.message(
             f"update {update}: validation loss {metrics['loss']:.4f}, NLL {metrics['nll']:.4f}, "
             f"perplexity {metrics['perplexity']:.2f}, accuracy {metrics['accuracy']:.3f}"
@@ -282,6 +304,8 @@ class Trainer:
             "sentences": scores.sentences,
         }
         self.log.log(kind, update, dict(values, method=method))
+        if kind == "bleu":
+            self.validated.setdefault(update, {})["bleu"] = scores.bleu
         self.log.message(
             f"update {update}: validation {method} BLEU {scores.bleu:.2f} (lowercased {scores.bleu_lowercase:.2f}), "
             f"chrF {scores.chrf:.2f} ({scores.sentences} sentences)"
