@@ -138,7 +138,7 @@ class Validation:
     def at_end(self, update: int, stopped_by: str | None) -> None:
         if update == self.trainer.start:
             return
-        if stopped_by == STOPPED_BY_BUDGET and "perplexity" not in self.trainer.validated.get(update, {}):
+        if stopped_by == STOPPED_BY_BUDGET:  # Trainer.validate skips a loss already measured at this update
             self._run(update, loss=True, bleu=False)
         if (update == self.cfg.steps or stopped_by == STOPPED_BY_BUDGET) and self.cfg.final_bleu != "none":
             self.trainer.validation_bleu(update, "final_bleu", self.cfg.final_bleu, self.trainer.valid_pairs)
