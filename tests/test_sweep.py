@@ -70,6 +70,22 @@ def test_sweep_resumes_an_interrupted_row_skips_finished_ones_and_tabulates(tmp_
     assert [(row.workdir / "metrics.jsonl").read_bytes() for row in planned] == logs  # nothing re-ran
 
 
+def test_a_rows_minutes_are_its_updates_at_the_median_seconds_per_update():
+    logged = [  # (step, elapsed_s) of train rows: a paused window, then a resume from update 100 (clock restarts)
+        (50, 50.0),
+        (100, 90.0),
+        (150, 130.0),
+        (200, 1130.0),
+        (150, 12.0),
+        (200, 52.0),
+        (250, 94.0),
+    ]
+    rows = [{"kind": "train", "step": step, "elapsed_s": elapsed} for step, elapsed in logged]
+    # windows: 0.8, 0.8, 20 (the pause), 0.8, 0.84 s an update; the resume's first row starts no window
+    assert sweep._train_minutes(rows, 2000) == pytest.approx(2000 * 0.8 / 60)
+    assert sweep._train_minutes(rows[:1], 2000) == 0.0
+
+
 def test_dry_run_commands_train_rows_elsewhere_and_collect_tabulates_them(tmp_path, capsys):
     sweep_file = write_sweep_file(tmp_path / "grid.py", ROWS)
     out = tmp_path / "runs"

@@ -15,19 +15,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments" / "be
 import time_to_bleu  # noqa: E402
 
 
-def test_both_frameworks_train_and_are_evaluated_the_same_way(tmp_path, capsys):
-    overrides = tiny_run_overrides(**{"data.pack": False, "train.bleu_max_sentences": 8, "data.max_eval_batches": 1})
+def tiny_argv(workdir: Path, *, updates: int, bleu_sentences: int) -> list[str]:
+    """The script's command line for a seconds-long comparison on the built-in corpus, evaluated every 2 updates."""
+    overrides = tiny_run_overrides(
+        **{"data.pack": False, "train.bleu_max_sentences": bleu_sentences, "data.max_eval_batches": 1}
+    )
     argv = [
         "--config",
         "experiments/tiny.py",
         "--workdir",
-        str(tmp_path / "ttb"),
+        str(workdir),
         "--updates",
-        "4",
+        str(updates),
         "--eval-every",
         "2",
     ]
-    report = time_to_bleu.main(argv + [f"--config.{key}={value}" for key, value in overrides])
+    return argv + [f"--config.{key}={value}" for key, value in overrides]
+
+
+def test_both_frameworks_train_and_are_evaluated_the_same_way(tmp_path, capsys):
+    report = time_to_bleu.main(tiny_argv(tmp_path / "ttb", updates=4, bleu_sentences=8))
     parity = report["first_batch_loss"]
     assert parity["torch"] == pytest.approx(parity["jax"], rel=1e-5) and parity["jax"] > 1.0
     for name in ("jax", "torch eager"):
@@ -44,3 +51,25 @@ def test_both_frameworks_train_and_are_evaluated_the_same_way(tmp_path, capsys):
     assert json.loads((tmp_path / "ttb" / "time_to_bleu.json").read_text())["first_batch_loss"] == parity
     assert (tmp_path / "ttb" / "time_to_bleu.png").stat().st_size > 0
     assert "first-batch loss" in capsys.readouterr().out
+
+
+def test_a_second_call_keeps_the_finished_runs_and_refuses_other_settings(tmp_path, capsys):
+    argv = tiny_argv(tmp_path / "ttb", updates=2, bleu_sentences=4)
+    first = time_to_bleu.main(argv)
+    report_path = tmp_path / "ttb" / "time_to_bleu.json"
+    jax_log = (tmp_path / "ttb" / "jax" / "metrics.jsonl").read_bytes()
+    cut = json.loads(report_path.read_text())
+    del cut["runs"]["torch eager"]  # as if torch's run had been cut short
+    report_path.write_text(json.dumps(cut))
+
+    again = time_to_bleu.main(argv)
+    assert (tmp_path / "ttb" / "jax" / "metrics.jsonl").read_bytes() == jax_log  # JAX did not train again
+    assert again["runs"]["jax"] == json.loads(json.dumps(first["runs"]["jax"]))  # its curve, read back
+    assert again["first_batch_loss"] == first["first_batch_loss"]
+    assert [step for _, step, _ in again["runs"]["torch eager"]["bleu"]] == [2]  # torch trained again
+
+    with pytest.raises(SystemExit) as refused:
+        time_to_bleu.main(tiny_argv(tmp_path / "ttb", updates=1, bleu_sentences=4))
+    assert refused.value.code == 2
+    error = capsys.readouterr().err
+    assert "other settings" in error and "updates: 2 -> 1" in error

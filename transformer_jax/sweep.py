@@ -21,7 +21,7 @@ import dataclasses
 import json
 import re
 import shlex
-import time
+import statistics
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -160,7 +160,7 @@ def row_result(planned: PlannedRow) -> dict | None:
         "changes": ", ".join(f"{key}={value}" for key, value in planned.row.overrides.items()) or "(base)",
         "params": count_parameters(planned.experiment.model).total,
         "updates": steps,
-        "train_minutes": _train_seconds(planned.workdir, train_rows) / 60,
+        "train_minutes": _train_minutes(train_rows, steps),
         "ppl": at_end["eval"]["perplexity"],
         "bleu": at_end["final_bleu"]["bleu"],
         "bleu_lowercase": at_end["final_bleu"]["bleu_lowercase"],
@@ -170,14 +170,15 @@ def row_result(planned: PlannedRow) -> dict | None:
     return result
 
 
-SECONDS_FILE = "sweep_seconds.json"  # wall seconds of the sweep's train calls of this row, summed over resumes
-
-
-def _train_seconds(workdir: Path, train_rows: list[dict]) -> float:
-    path = workdir / SECONDS_FILE
-    if path.is_file():
-        return float(json.loads(path.read_text())["seconds"])
-    return float(train_rows[-1].get("elapsed_s", 0.0)) if train_rows else 0.0  # trained by its own command
+def _train_minutes(train_rows: list[dict], updates: int) -> float:
+    """The row's updates times its median seconds per update over the logged windows (consecutive train rows of
+    one process): a figure that a resume, a pause or the first window's compiling does not stretch."""
+    per_update = [
+        (row["elapsed_s"] - before["elapsed_s"]) / (row["step"] - before["step"])
+        for before, row in zip(train_rows, train_rows[1:])
+        if row["step"] > before["step"] and row["elapsed_s"] > before["elapsed_s"]
+    ]
+    return updates * statistics.median(per_update) / 60 if per_update else 0.0
 
 
 def finish_row(planned: PlannedRow) -> dict:
@@ -185,14 +186,7 @@ def finish_row(planned: PlannedRow) -> dict:
     between the two), scores it; returns row_result."""
     from transformer_jax.train import loop
 
-    started = time.perf_counter()
-    try:
-        loop.train(planned.experiment, planned.workdir)
-    finally:
-        seconds_path = planned.workdir / SECONDS_FILE
-        before = json.loads(seconds_path.read_text())["seconds"] if seconds_path.is_file() else 0.0
-        if planned.workdir.is_dir():
-            seconds_path.write_text(json.dumps({"seconds": before + time.perf_counter() - started}))
+    loop.train(planned.experiment, planned.workdir)
     result = row_result(planned)
     if result is None:
         _score_at_end(planned)
@@ -236,7 +230,7 @@ COLUMNS = (
     ("changes", "changes", "{}"),
     ("params", "params (M)", "{:.2f}"),
     ("updates", "updates", "{}"),
-    ("train_minutes", "minutes", "{:.1f}"),
+    ("train_minutes", "train minutes", "{:.1f}"),
     ("ppl", "valid PPL", "{:.2f}"),
     ("bleu", "valid BLEU", "{:.2f}"),
     ("paper_ppl", "paper PPL", "{:.2f}"),

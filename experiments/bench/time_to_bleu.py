@@ -13,7 +13,8 @@ updates on the validation split: perplexity from their own forward pass, BLEU (g
 train.bleu_max_sentences pairs) from the project's decoder, the torch weights converted back, so decoding is
 identical and only training differs. Minutes are wall clock from the start of each run, compiling and the
 evaluations included (JAX's also its tokenizer and data set-up, a few seconds; torch's first evaluation reuses
-the decoder JAX's run compiled). Writes WORKDIR/time_to_bleu.json and .png. Run it alone on an idle machine.
+the decoder JAX's run compiled). Writes WORKDIR/time_to_bleu.json and .png. Run it alone on an idle machine. A second call on the same WORKDIR
+with the same settings keeps the finished runs and trains the missing ones (one cut short starts again).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import jax
 import numpy as np
 
 from transformer_jax import cli
+from transformer_jax.errors import UserError
 from transformer_jax.machine import cpu_model
 from transformer_jax.train import loop
 
@@ -110,6 +112,11 @@ def torch_run(experiment, jax_workdir: Path, workdir: Path, *, compile_model: bo
             params = torch_to_flax_params({k: v.cpu() for k, v in model.state_dict().items()}, cfg)
             scores = validation_bleu(cfg, params, trainer.tokenizer, pairs, experiment.decode, "greedy")
             curve["bleu"].append((minutes(), update, scores.bleu))
+            print(
+                f"torch update {update} at {minutes():.1f} min: validation perplexity "
+                f"{curve['perplexity'][-1][2]:.2f}, greedy BLEU {scores.bleu:.2f}",
+                flush=True,
+            )
             model.train()
 
         update, tokens, train_seconds = 0, 0, 0.0
@@ -200,12 +207,60 @@ def plot(runs: dict, path: Path) -> None:
     plt.close(figure)
 
 
+REPORT = "time_to_bleu.json"
+SETTINGS = ("config", "minutes", "updates", "eval_every", "device", "threads")  # what every run of a WORKDIR shares
+
+
+def write_report(workdir: Path, settings: dict, parity: dict | None, runs: dict) -> dict:
+    """WORKDIR/time_to_bleu.json: the machine, the settings, the parity check, each finished run's curves and
+    minutes to BLEU."""
+    import torch
+
+    report = {
+        "cpu": cpu_model(),
+        "jax": jax.__version__,
+        "torch": torch.__version__,
+        "load_average_at_end": os.getloadavg(),
+        "settings": settings,
+        "first_batch_loss": parity,
+        "runs": runs,
+        "minutes_to_bleu": {name: {str(t): minutes_to(curve, t) for t in THRESHOLDS} for name, curve in runs.items()},
+    }
+    (workdir / REPORT).write_text(json.dumps(report, indent=2))
+    return report
+
+
+def finished_runs(workdir: Path, settings: dict) -> tuple[dict, dict | None]:
+    """(runs, parity) already in WORKDIR's report, after checking that it was made with these settings."""
+    path = workdir / REPORT
+    if not workdir.exists():
+        return {}, None
+    if not path.is_file():
+        raise UserError(f"--workdir {workdir} exists but holds no {REPORT}; give a new directory")
+    earlier = json.loads(path.read_text())
+    changed = [
+        f"{key}: {earlier['settings'].get(key)!r} -> {value!r}"
+        for key, value in settings.items()
+        if earlier["settings"].get(key) != value
+    ]
+    if changed:
+        raise UserError(
+            f"{path} was made with other settings ({'; '.join(changed)}); use them again or a new --workdir"
+        )
+    return earlier["runs"], earlier["first_batch_loss"]
+
+
 def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
     rest, overrides = cli.split_overrides(argv)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="an experiment file, e.g. experiments/multi30k.py")
-    parser.add_argument("--workdir", required=True, help="WORKDIR/jax and WORKDIR/torch are created (must not exist)")
+    parser.add_argument(
+        "--workdir",
+        required=True,
+        help="WORKDIR/jax, WORKDIR/torch, ... are created; a WORKDIR of an earlier call with the same settings keeps "
+        "its finished runs and trains the missing ones (e.g. add --torch-compile later)",
+    )
     budget = parser.add_mutually_exclusive_group(required=True)
     budget.add_argument("--minutes", type=float, help="wall-clock budget of each framework")
     budget.add_argument("--updates", type=int, help="or an update budget (both frameworks the same updates)")
@@ -218,39 +273,39 @@ def main(argv=None) -> dict:
 
     torch.set_num_threads(args.threads)
     workdir = Path(args.workdir)
-    if workdir.exists():
-        parser.error(f"--workdir {workdir} exists; give a new directory (each run starts from nothing)")
+    settings = {key: getattr(args, key) for key in SETTINGS} | {"overrides": [list(pair) for pair in overrides]}
     budget_overrides = [("train.max_minutes", repr(args.minutes or 0.0))]
     budget_overrides += [("train.steps", repr(args.updates if args.updates else 1_000_000))]
     eval_overrides = [(f"train.{k}", repr(args.eval_every)) for k in ("eval_every", "bleu_every")]
-    experiment = cli.load_experiment(
-        args.config, overrides + budget_overrides + eval_overrides + [("train.final_bleu", "none")]
-    )
+    try:
+        experiment = cli.load_experiment(
+            args.config, overrides + budget_overrides + eval_overrides + [("train.final_bleu", "none")]
+        )
+        runs, parity = finished_runs(workdir, settings)
+    except UserError as error:
+        parser.error(str(error))
     if experiment.data.pack:
         parser.error("the torch reference has no packed batches: set --config.data.pack=false")
 
-    runs = {"jax": jax_run(experiment, workdir / "jax")}
-    (workdir / "parity").mkdir()
-    shutil.copy(workdir / "jax" / "spm.model", workdir / "parity" / "spm.model")
-    parity = first_batch_losses(experiment, workdir / "parity")
-    runs["torch eager"] = torch_run(
-        experiment, workdir / "jax", workdir / "torch", compile_model=False, device=args.device
-    )
-    if args.torch_compile:
-        runs["torch.compile"] = torch_run(
-            experiment, workdir / "jax", workdir / "torch_compile", compile_model=True, device=args.device
+    workdir.mkdir(parents=True, exist_ok=True)
+    if "jax" not in runs:  # a timed run cut short is not resumed: it starts again
+        shutil.rmtree(workdir / "jax", ignore_errors=True)
+        runs["jax"] = jax_run(experiment, workdir / "jax")
+    if parity is None:
+        shutil.rmtree(workdir / "parity", ignore_errors=True)
+        (workdir / "parity").mkdir()
+        shutil.copy(workdir / "jax" / "spm.model", workdir / "parity" / "spm.model")
+        parity = first_batch_losses(experiment, workdir / "parity")
+    torch_runs = [("torch eager", "torch", False)] + [("torch.compile", "torch_compile", True)] * args.torch_compile
+    for name, directory, compile_model in torch_runs:
+        if name in runs:
+            continue
+        write_report(workdir, settings, parity, runs)  # the finished runs stand if a later one fails
+        shutil.rmtree(workdir / directory, ignore_errors=True)
+        runs[name] = torch_run(
+            experiment, workdir / "jax", workdir / directory, compile_model=compile_model, device=args.device
         )
-    report = {
-        "cpu": cpu_model(),
-        "jax": jax.__version__,
-        "torch": torch.__version__,
-        "load_average_at_end": os.getloadavg(),
-        "args": vars(args),
-        "first_batch_loss": parity,
-        "runs": runs,
-        "minutes_to_bleu": {name: {str(t): minutes_to(curve, t) for t in THRESHOLDS} for name, curve in runs.items()},
-    }
-    (workdir / "time_to_bleu.json").write_text(json.dumps(report, indent=2))
+    report = write_report(workdir, settings, parity, runs)
     plot(runs, workdir / "time_to_bleu.png")
     print(f"first-batch loss: JAX {parity['jax']:.6f}, torch {parity['torch']:.6f}")
     print(f"{'framework':14} {'updates':>8} {'tok/s':>8} " + " ".join(f"{'min to ' + str(t):>10}" for t in THRESHOLDS))
