@@ -53,7 +53,7 @@ def test_both_frameworks_train_and_are_evaluated_the_same_way(tmp_path, capsys):
     assert "first-batch loss" in capsys.readouterr().out
 
 
-def test_a_second_call_keeps_the_finished_runs_and_refuses_other_settings(tmp_path, capsys):
+def test_a_second_call_keeps_the_finished_runs_and_refuses_other_settings(tmp_path, capsys, monkeypatch):
     argv = tiny_argv(tmp_path / "ttb", updates=2, bleu_sentences=4)
     first = time_to_bleu.main(argv)
     report_path = tmp_path / "ttb" / "time_to_bleu.json"
@@ -73,3 +73,9 @@ def test_a_second_call_keeps_the_finished_runs_and_refuses_other_settings(tmp_pa
     assert refused.value.code == 2
     error = capsys.readouterr().err
     assert "other settings" in error and "updates: 2 -> 1" in error
+
+    monkeypatch.setattr(time_to_bleu, "cpu_model", lambda: "another CPU")
+    with pytest.raises(SystemExit):
+        time_to_bleu.main(argv)
+    error = capsys.readouterr().err
+    assert "other settings" in error and "-> 'another CPU'" in error  # two machines' runs are no comparison

@@ -13,8 +13,9 @@ updates on the validation split: perplexity from their own forward pass, BLEU (g
 train.bleu_max_sentences pairs) from the project's decoder, the torch weights converted back, so decoding is
 identical and only training differs. Minutes are wall clock from the start of each run, compiling and the
 evaluations included (JAX's also its tokenizer and data set-up, a few seconds; torch's first evaluation reuses
-the decoder JAX's run compiled). Writes WORKDIR/time_to_bleu.json and .png. Run it alone on an idle machine. A second call on the same WORKDIR
-with the same settings keeps the finished runs and trains the missing ones (one cut short starts again).
+the decoder JAX's run compiled). Writes WORKDIR/time_to_bleu.json and .png. Run it alone on an idle machine. A
+second call on the same WORKDIR, with the same settings on the same CPU, keeps the finished runs and trains the
+missing ones (one cut short starts again).
 """
 
 from __future__ import annotations
@@ -231,18 +232,17 @@ def write_report(workdir: Path, settings: dict, parity: dict | None, runs: dict)
 
 
 def finished_runs(workdir: Path, settings: dict) -> tuple[dict, dict | None]:
-    """(runs, parity) already in WORKDIR's report, after checking that it was made with these settings."""
+    """(runs, parity) already in WORKDIR's report, after checking that it was made with these settings on this CPU
+    (runs from two machines are no comparison)."""
     path = workdir / REPORT
     if not workdir.exists():
         return {}, None
     if not path.is_file():
         raise UserError(f"--workdir {workdir} exists but holds no {REPORT}; give a new directory")
     earlier = json.loads(path.read_text())
-    changed = [
-        f"{key}: {earlier['settings'].get(key)!r} -> {value!r}"
-        for key, value in settings.items()
-        if earlier["settings"].get(key) != value
-    ]
+    then = {"cpu": earlier.get("cpu"), **earlier.get("settings", {})}
+    now = {"cpu": cpu_model(), **settings}
+    changed = [f"{key}: {then.get(key)!r} -> {value!r}" for key, value in now.items() if then.get(key) != value]
     if changed:
         raise UserError(
             f"{path} was made with other settings ({'; '.join(changed)}); use them again or a new --workdir"
