@@ -79,3 +79,44 @@ def test_a_second_call_keeps_the_finished_runs_and_refuses_other_settings(tmp_pa
         time_to_bleu.main(argv)
     error = capsys.readouterr().err
     assert "other settings" in error and "-> 'another CPU'" in error  # two machines' runs are no comparison
+
+
+def test_a_run_stopped_by_its_budget_counts_the_updates_of_its_last_evaluation(tmp_path):
+    rows = [
+        {"kind": "train", "step": 50, "elapsed_s": 60.0, "tokens_per_sec": 100.0},
+        {"kind": "train", "step": 100, "elapsed_s": 120.0, "tokens_per_sec": 300.0},
+        {"kind": "train", "step": 150, "elapsed_s": 180.0, "tokens_per_sec": 500.0},
+        {"kind": "eval", "step": 157, "elapsed_s": 190.0, "perplexity": 6.5},  # the budget stopped it at 157
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    curve = time_to_bleu.curve_from_metrics(tmp_path)
+    assert curve["updates"] == 157 and curve["perplexity"] == [(190.0 / 60, 157, 6.5)]
+    assert curve["tokens_per_s"] == 400.0  # the median of the windows after the first (which compiles)
+
+
+def test_torch_compile_batches_reports_the_pipelines_shapes_and_rates_from_its_timings(tmp_path, monkeypatch):
+    import torch
+    import torch_compile_batches
+
+    from transformer_jax import cli
+    from transformer_jax.train import loop
+
+    monkeypatch.setattr(torch, "compile", lambda model: model)  # the bookkeeping, without minutes of compiling
+    overrides = tiny_run_overrides(**{"data.pack": False})
+    argv = ["--config", "experiments/tiny.py", "--workdir", str(tmp_path / "tcb"), "--batches", "3", "--rounds", "1"]
+    out = tmp_path / "tcb.json"
+    report = torch_compile_batches.main(argv + [f"--config.{k}={v}" for k, v in overrides] + ["--out", str(out)])
+
+    with loop.Trainer(cli.load_experiment("experiments/tiny.py", overrides), tmp_path / "tcb") as trainer:
+        batches = [next(trainer.batches) for _ in range(3)]  # the same pipeline, read independently
+    shapes = sorted({(b["inputs"].shape, b["targets"].shape) for b in batches})
+    assert [tuple(map(tuple, shape)) for shape in report["shapes"]] == shapes
+    tokens = sum(int((b["inputs"] != 0).sum() + (b["targets"] != 0).sum()) for b in batches)  # pad id 0
+    eager, compiled = report["rows"]
+    assert (eager["mode"], compiled["mode"]) == ("eager", "compile")
+    for row in report["rows"]:
+        assert row["graphs_compiled"] == 0  # torch.compile patched away: nothing went through dynamo
+        assert row["tokens_per_s"] == pytest.approx(tokens / 3 / row["steady_s_per_update"])
+    assert eager["eager_over_mode"] == 1.0
+    assert compiled["eager_over_mode"] == pytest.approx(eager["steady_s_per_update"] / compiled["steady_s_per_update"])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(report))

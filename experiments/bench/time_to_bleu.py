@@ -53,9 +53,45 @@ def curve_from_metrics(workdir: Path) -> dict:
             (row["elapsed_s"] / 60, row["step"], row["perplexity"]) for row in rows if row["kind"] == "eval"
         ],
         "bleu": [(row["elapsed_s"] / 60, row["step"], row["bleu"]) for row in rows if row["kind"] == "bleu"],
-        "updates": train[-1]["step"] if train else 0,
+        "updates": max((row["step"] for row in rows), default=0),  # the budget stops on an eval row
         "tokens_per_s": float(np.median([row["tokens_per_sec"] for row in train[1:]] or [0.0])),
     }
+
+
+def batch_tensors(batch, device: str = "cpu") -> list:
+    """(inputs, decoder_inputs, targets) of a pipeline batch as torch int64 tensors."""
+    import torch
+
+    return [
+        torch.as_tensor(np.asarray(batch[k]), dtype=torch.long, device=device)
+        for k in ("inputs", "decoder_inputs", "targets")
+    ]
+
+
+def torch_update_fn(experiment, model, step_model):
+    """update(tensors, lr) -> (target tokens, source tokens): one torch update of `model` (its forward through
+    `step_model`, the model itself or its torch.compile), the recipe's loss, Adam and clipping."""
+    import torch
+
+    cfg, train_cfg, opt_cfg = model.config, experiment.train, experiment.optimizer
+    adam = torch.optim.Adam(model.parameters(), lr=0.0, betas=(opt_cfg.adam_b1, opt_cfg.adam_b2), eps=opt_cfg.adam_eps)
+    smoothed = torch.nn.CrossEntropyLoss(
+        label_smoothing=train_cfg.label_smoothing, ignore_index=cfg.pad_id, reduction="sum"
+    )
+
+    def update(tensors, lr: float) -> tuple[int, int]:
+        inputs, decoder_inputs, targets = tensors
+        adam.param_groups[0]["lr"] = lr
+        adam.zero_grad(set_to_none=True)
+        count = (targets != cfg.pad_id).sum()
+        loss = smoothed(step_model(inputs, decoder_inputs).reshape(-1, cfg.vocab_size), targets.reshape(-1)) / count
+        loss.backward()
+        if opt_cfg.clip_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), opt_cfg.clip_grad_norm)
+        adam.step()
+        return int(count), int((inputs != cfg.pad_id).sum())
+
+    return update
 
 
 def torch_run(experiment, jax_workdir: Path, workdir: Path, *, compile_model: bool, device: str) -> dict:
@@ -76,21 +112,9 @@ def torch_run(experiment, jax_workdir: Path, workdir: Path, *, compile_model: bo
         cfg = trainer.model_cfg
         model = TorchTransformer(cfg, device=device)
         model.load_state_dict(flax_to_torch_state_dict(jax.device_get(trainer.state.params), cfg))
-        step_model = torch.compile(model) if compile_model else model
-        adam = torch.optim.Adam(
-            model.parameters(), lr=0.0, betas=(opt_cfg.adam_b1, opt_cfg.adam_b2), eps=opt_cfg.adam_eps
-        )
+        train_update = torch_update_fn(experiment, model, torch.compile(model) if compile_model else model)
         schedule = transformer_schedule(cfg.d_model, opt_cfg.warmup_steps, opt_cfg.lr_scale)
-        smoothed = torch.nn.CrossEntropyLoss(
-            label_smoothing=train_cfg.label_smoothing, ignore_index=cfg.pad_id, reduction="sum"
-        )
         nll_sum = torch.nn.CrossEntropyLoss(ignore_index=cfg.pad_id, reduction="sum")
-
-        def tensors(batch):
-            return [
-                torch.as_tensor(np.asarray(batch[k]), dtype=torch.long, device=device)
-                for k in ("inputs", "decoder_inputs", "targets")
-            ]
 
         def minutes() -> float:
             return (time.perf_counter() - started) / 60
@@ -103,7 +127,7 @@ def torch_run(experiment, jax_workdir: Path, workdir: Path, *, compile_model: bo
             totals = np.zeros(2)
             with torch.no_grad():
                 for batch in trainer.valid:
-                    inputs, decoder_inputs, targets = tensors(batch)
+                    inputs, decoder_inputs, targets = batch_tensors(batch, device)
                     logits = model(inputs, decoder_inputs)
                     totals += [
                         float(nll_sum(logits.reshape(-1, cfg.vocab_size), targets.reshape(-1))),
@@ -124,18 +148,12 @@ def torch_run(experiment, jax_workdir: Path, workdir: Path, *, compile_model: bo
         budget = train_cfg.max_minutes or float("inf")
         while update < train_cfg.steps and minutes() < budget:
             began = time.perf_counter()
-            inputs, decoder_inputs, targets = tensors(next(trainer.batches))
-            adam.param_groups[0]["lr"] = float(schedule(update))
-            adam.zero_grad(set_to_none=True)
-            count = (targets != cfg.pad_id).sum()
-            loss = smoothed(step_model(inputs, decoder_inputs).reshape(-1, cfg.vocab_size), targets.reshape(-1)) / count
-            loss.backward()
-            if opt_cfg.clip_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), opt_cfg.clip_grad_norm)
-            adam.step()
+            target_tokens, source_tokens = train_update(
+                batch_tensors(next(trainer.batches), device), float(schedule(update))
+            )
             update += 1
             if update > 1:  # the first update compiles (torch.compile) or warms up
-                tokens += int(count) + int((inputs != cfg.pad_id).sum())
+                tokens += target_tokens + source_tokens
                 train_seconds += time.perf_counter() - began
             if update % train_cfg.eval_every == 0:
                 evaluate(update)
