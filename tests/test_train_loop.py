@@ -152,6 +152,7 @@ def test_time_budget_stops_saves_and_evaluates(tmp_path):
     summary = loop.train(config, tmp_path)
     step = summary["stopped_by"].startswith("time budget") and summary["step"]
     assert 0 < step < 10_000 and (tmp_path / "checkpoints" / str(step)).is_dir()
+    assert summary["updates_per_minute"] == pytest.approx(step / 0.3)  # the rate a recipe's budget buys here
     assert summary["eval"] is not None
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     (last_eval,) = [row for row in lines if row["kind"] == "eval" and row["step"] == step]

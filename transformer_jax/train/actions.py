@@ -229,5 +229,9 @@ class TimeBudget:
         if not over:
             return None
         self.trainer.summary["stopped_by"] = f"time budget train.max_minutes={self.max_minutes}"
-        self.trainer.log.message(f"time budget of {self.max_minutes} min reached at update {update}.")
+        rate = (update - self.trainer.start) / self.max_minutes  # set-up, compiling and validation included
+        self.trainer.summary["updates_per_minute"] = rate
+        self.trainer.log.message(
+            f"time budget of {self.max_minutes} min reached at update {update} ({rate:.1f} updates a minute)."
+        )
         return STOPPED_BY_BUDGET
