@@ -5,13 +5,14 @@ A sweep file is a Python file whose `get_sweep()` returns a `Sweep` (experiments
     Sweep(config="multi30k.py", overrides={"train.steps": 2000},             # the base, for every row
           rows=(SweepRow("base"), SweepRow("A h 1", {"model.num_heads": 1}, group="A")))
 
-`transformer-jax sweep FILE --workdir DIR` trains each row in DIR/<row> (a finished row is skipped, an
-interrupted one resumed) and writes DIR/table.{md,csv,json,png}. A row is scored as the paper's Table 3 is, by
-the training run itself on the validation split at its last update: perplexity per target token and BLEU of
-beam search (the experiment's decode section), no checkpoint averaging. `--dry-run` prints each row's
-`transformer-jax train` command (for separate hosts, jobs or a SLURM array); `--collect` builds the table from
-the row workdirs as they are. The overrides are applied as `--config.KEY=VALUE` would be: the sweep's, then the
-command line's, then the row's.
+`transformer-jax sweep FILE --workdir DIR` trains each row in DIR/<row> (a finished row is skipped, an interrupted
+one resumed) and writes DIR/table.{md,csv,json,png}. A row is scored as the paper's Table 3 is, by the training run
+itself on the validation split at its last update: perplexity per target token and BLEU of beam search (the
+experiment's decode section), no checkpoint averaging. `--dry-run` prints each row's `transformer-jax train` command
+(for separate hosts, jobs or a SLURM array); `--collect` builds the table from the row workdirs as they are. The
+table gives each row's perplexity relative to the first row's (ours and the paper's), so the first row is the one
+the others change. The overrides are applied as `--config.KEY=VALUE` would be: the sweep's, then the command line's,
+then the row's.
 """
 
 from __future__ import annotations
@@ -232,16 +233,33 @@ COLUMNS = (
     ("updates", "updates", "{}"),
     ("train_minutes", "train minutes", "{:.1f}"),
     ("ppl", "valid PPL", "{:.2f}"),
+    ("ppl_change", "PPL vs row 1", "{:+.1%}"),
     ("bleu", "valid BLEU", "{:.2f}"),
     ("paper_ppl", "paper PPL", "{:.2f}"),
+    ("paper_ppl_change", "paper PPL vs row 1", "{:+.1%}"),
     ("paper_bleu", "paper BLEU", "{:.1f}"),
     ("paper_params_m", "paper params (M)", "{:.0f}"),
 )
 
 
+def with_changes(results: list[dict | None]) -> list[dict | None]:
+    """Copies of the results with each one's perplexity relative to the first row's (the sweep's base), ours and,
+    where both rows have one, the paper's: the two scales differ, the directions and relative sizes compare."""
+    first = results[0] if results else None
+    changed: list[dict | None] = []
+    for result in results:
+        if result is not None and first is not None:
+            result = {**result, "ppl_change": result["ppl"] / first["ppl"] - 1}
+            if "paper_ppl" in result and "paper_ppl" in first:
+                result["paper_ppl_change"] = result["paper_ppl"] / first["paper_ppl"] - 1
+        changed.append(result)
+    return changed
+
+
 def write_table(sweep: Sweep, planned: list[PlannedRow], results: list[dict | None], directory: Path) -> Path:
     """DIR/table.md (rows not finished marked so), table.csv and table.json (finished rows), table.png."""
     directory.mkdir(parents=True, exist_ok=True)
+    results = with_changes(results)
     done = [result for result in results if result is not None]
     present = [column for column in COLUMNS if any(column[0] in result for result in done) or column[0] == "row"]
     lines = [f"# {sweep.title}\n" if sweep.title else ""]
@@ -270,7 +288,8 @@ def write_table(sweep: Sweep, planned: list[PlannedRow], results: list[dict | No
 
 
 def plot_table(results: list[dict], path: Path, title: str = "") -> None:
-    """Validation perplexity and BLEU per row, one colour per group, the first row's values as dashed lines."""
+    """Each row's change from the first row, perplexity (%) above and BLEU (points) below: ours as bars, one colour
+    per group, the paper's as black diamonds where both rows have the paper's figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -279,17 +298,24 @@ def plot_table(results: list[dict], path: Path, title: str = "") -> None:
     groups = list(dict.fromkeys(result["group"] for result in results))
     colours = [plt.get_cmap("tab10")(groups.index(result["group"]) % 10) for result in results]
     names = [result["row"] for result in results]
+    first = results[0]
+
+    def change(result: dict, key: str) -> float:
+        return 100 * (result[key] / first[key] - 1) if key.endswith("ppl") else result[key] - first[key]
+
     figure, axes = plt.subplots(2, 1, figsize=(max(6.0, 0.45 * len(results) + 2), 6), sharex=True)
-    for axis, key, label in ((axes[0], "ppl", "validation perplexity"), (axes[1], "bleu", "validation BLEU")):
-        values = [result[key] for result in results]
-        axis.bar(range(len(values)), values, color=colours)
-        axis.axhline(values[0], color="grey", linestyle="--", linewidth=1)
-        axis.set_ylabel(label)
-        if key == "ppl":
-            axis.set_ylim(min(values) * 0.9, max(values) * 1.05)
+    for axis, key, label in ((axes[0], "ppl", "perplexity vs row 1 (%)"), (axes[1], "bleu", "BLEU vs row 1")):
+        ours = [change(result, key) for result in results]
+        axis.bar(range(len(results)), ours, color=colours, label="ours (colour: group)")
+        paper = [(i, change(result, f"paper_{key}")) for i, result in enumerate(results) if f"paper_{key}" in result]
+        if paper and f"paper_{key}" in first:
+            axis.plot(*zip(*paper), "kD", markersize=5, label="paper")
+        axis.axhline(0, color="grey", linewidth=1)
+        axis.set_ylabel(f"validation {label}")
+        axis.legend(fontsize=8)
     axes[1].set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=8)
     if title:
-        axes[0].set_title(title)
+        axes[0].set_title(title, fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
