@@ -135,9 +135,16 @@ def test_torch_export_and_import_round_trip(workdir, tmp_path, monkeypatch, caps
     jax.tree.map(np.testing.assert_array_equal, ckpt.load_params(workdir, "imported"), ckpt.load_params(workdir))
 
 
-def test_unknown_checkpoint_names_the_choices(workdir):
-    with pytest.raises(ValueError, match=r"use a step number, 'best', one of \('averaged', 'imported'\)"):
-        ckpt.load_params(workdir, "final")
+def test_unknown_checkpoint_names_the_choices(workdir, monkeypatch, capsys):
+    code, _, err = run_cli(
+        ["evaluate", "--workdir", str(workdir), "--checkpoint", "final", "--split", "test"],
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
+    assert code == 1 and "Traceback" not in err
+    assert "checkpoint 'final' is not one: use a step number, 'latest', 'best' or one of ('averaged'" in err
+    newest = max(int(path.name) for path in (workdir / "checkpoints").iterdir() if path.name.isdigit())
+    jax.tree.map(np.testing.assert_array_equal, ckpt.load_params(workdir, "latest"), ckpt.load_params(workdir, newest))
     with pytest.raises(FileNotFoundError, match="No checkpoint at step 4"):
         ckpt.load_params(workdir, 4)
 

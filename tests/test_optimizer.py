@@ -64,3 +64,13 @@ def test_global_norm_clipping_happens_before_adam():
     np.testing.assert_allclose(adam_state.mu["w"], [0.06, 0.08], rtol=1e-6)  # 0.1 * [3, 4] / 5
     _, state = tx.update({"w": jnp.array([0.3, 0.4])}, tx.init(params), params)  # norm 0.5: unchanged
     np.testing.assert_allclose(state[-1][0].mu["w"], [0.03, 0.04], rtol=1e-6)
+
+
+def test_the_cooldown_scales_the_schedule_linearly_to_zero_after_its_start():
+    schedule = transformer_schedule(128, 500, 1.25, cooldown_start=5000, cooldown_steps=4)
+    paper = lambda step: paper_lr(step, 128, 500, 1.25)  # noqa: E731
+    # steps 5001..5004 take 4/4, 3/4, 2/4, 1/4 of the paper's rate; 5005 on, nothing; 5000 and before, all of it
+    expected = {4000: paper(4000), 5000: paper(5000), 5001: paper(5001), 5002: 0.75 * paper(5002)}
+    expected |= {5004: 0.25 * paper(5004), 5005: 0.0, 6000: 0.0}
+    for step, lrate in expected.items():
+        assert float(schedule(step - 1)) == pytest.approx(lrate, rel=1e-6, abs=1e-12), step

@@ -153,16 +153,17 @@ def check_workdir(workdir: str, *, writable: bool) -> None:
 # ------------------------------------------------------------------------- translate / evaluate / average
 
 
+CHECKPOINT_HELP = (
+    "a step number, 'latest' (the default), 'best' (the best on validation, train.best_metric), 'averaged' (see "
+    "`average`) or 'imported' (see `import-torch`)"
+)
+
+
 def _add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     from transformer_jax.decoding import DecodeConfig
 
     parser.add_argument("--workdir", required=True, help="the --workdir of a `transformer-jax train` run")
-    parser.add_argument(
-        "--checkpoint",
-        default=None,
-        help="a step number, 'best' (the best on validation, train.best_metric), 'averaged' (see `average`), "
-        "'imported' (see `import-torch`), or nothing for the latest checkpoint",
-    )
+    parser.add_argument("--checkpoint", default=None, help=CHECKPOINT_HELP)
     parser.add_argument("--greedy", action="store_true", help="greedy decoding instead of beam search")
     for field in dataclasses.fields(DecodeConfig):  # --beam-size, --alpha, ...: one flag per DecodeConfig field
         kind = type(field.default) if field.default is not None else int
@@ -432,7 +433,7 @@ def _run_average(args: argparse.Namespace) -> int:
 @register("export-torch", help="Write a checkpoint's parameters as a torch state_dict file (needs torch).")
 def _export_torch_command(parser: argparse.ArgumentParser) -> Handler:
     parser.add_argument("--workdir", required=True)
-    parser.add_argument("--checkpoint", default=None, help="a step, 'averaged', 'imported', or nothing for the latest")
+    parser.add_argument("--checkpoint", default=None, help=CHECKPOINT_HELP)
     parser.add_argument("--output", required=True, help="path of the .pt file to write")
     return _run_export_torch
 
@@ -450,7 +451,7 @@ def _run_export_torch(args: argparse.Namespace) -> int:
 @register("export-ctranslate2", help="Write a checkpoint as a CTranslate2 model directory (needs ctranslate2).")
 def _export_ctranslate2_command(parser: argparse.ArgumentParser) -> Handler:
     parser.add_argument("--workdir", required=True)
-    parser.add_argument("--checkpoint", default=None, help="a step, 'averaged', 'imported', or nothing for the latest")
+    parser.add_argument("--checkpoint", default=None, help=CHECKPOINT_HELP)
     parser.add_argument("--output", required=True, help="the model directory to write (new or empty)")
     parser.add_argument("--quantization", default=None, help="weight type, e.g. int8 or float16 (default float32)")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --output")

@@ -119,6 +119,8 @@ class OptimizerConfig(_Section):
     """Adam and the warm-up / inverse-square-root learning rate (§5.3); read by train/optimizer.make_optimizer.
 
     lrate = lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5); no clipping in the paper.
+    An optional cool-down (not in the paper) scales it down linearly to zero over the cooldown_steps updates after
+    update cooldown_start.
     """
 
     section: ClassVar[str] = "optimizer"
@@ -130,10 +132,17 @@ class OptimizerConfig(_Section):
     adam_b2: float = 0.98
     adam_eps: float = 1e-9
     clip_grad_norm: float = 0.0  # global-norm clipping; 0 = off
+    cooldown_start: int = 0  # the last update at the full schedule
+    cooldown_steps: int = 0  # updates of the linear cool-down after it; 0 = none (the paper's schedule)
 
     def _validate(self) -> None:
         if self.lr_scale <= 0:
             raise ConfigError(f"optimizer.lr_scale={self.lr_scale} must be positive.")
+        if self.cooldown_start < 0 or self.cooldown_steps < 0:
+            raise ConfigError(
+                f"optimizer.cooldown_start={self.cooldown_start} and cooldown_steps={self.cooldown_steps} must be "
+                "non-negative (cooldown_steps 0: no cool-down)."
+            )
         for name in ("adam_b1", "adam_b2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"optimizer.{name}={getattr(self, name)} must lie in [0, 1).")

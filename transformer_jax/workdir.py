@@ -33,7 +33,7 @@ import orbax.checkpoint as ocp
 
 from transformer_jax.checkpoint import CHECKPOINT_DIR, Checkpointer, on_first_device
 from transformer_jax.config import ModelConfig
-from transformer_jax.errors import UserError
+from transformer_jax.errors import UsageError, UserError
 from transformer_jax.experiment import ConfigError, OptimizerConfig
 from transformer_jax.selection import BestMetric, best_steps, validation_scores
 
@@ -44,6 +44,7 @@ LOCK_FILENAME = "train.lock"
 # Parameter sets stored beside the training checkpoints, selected by name instead of a step.
 NAMED_PARAMS = ("averaged", "imported")
 BEST = "best"  # --checkpoint best: the kept checkpoint with the best validation metric
+LATEST = "latest"  # --checkpoint latest: the newest checkpoint, as no --checkpoint
 
 
 # ----------------------------------------------------------------------------------------------- config.json
@@ -230,17 +231,19 @@ class TrainerLock:
 
 
 def load_params(workdir: str | Path, checkpoint: int | str | None = None) -> Any:
-    """Parameters of a run: checkpoint None = the latest step, an int (or digits) = that step, 'best' = the kept
-    checkpoint with the best validation metric (the run's train.best_metric, selection.py), or one of NAMED_PARAMS
-    ('averaged' from `transformer-jax average`, 'imported' from `import-torch`)."""
+    """Parameters of a run: checkpoint None or 'latest' = the latest step, an int (or digits) = that step, 'best' =
+    the kept checkpoint with the best validation metric (the run's train.best_metric, selection.py), or one of
+    NAMED_PARAMS ('averaged' from `transformer-jax average`, 'imported' from `import-torch`)."""
     workdir = Path(workdir)
     if isinstance(checkpoint, str) and checkpoint in NAMED_PARAMS:
         return restore_named_params(workdir, checkpoint)
     if checkpoint == BEST:
         checkpoint = best_checkpoints(workdir, 1, run_best_metric(workdir))[0]
+    if checkpoint == LATEST:
+        checkpoint = None
     if isinstance(checkpoint, str) and not checkpoint.isdigit():
-        raise ValueError(
-            f"checkpoint={checkpoint!r}: use a step number, {BEST!r}, one of {NAMED_PARAMS}, or nothing for the latest."
+        raise UsageError(
+            f"checkpoint {checkpoint!r} is not one: use a step number, {LATEST!r}, {BEST!r} or one of {NAMED_PARAMS}."
         )
     checkpointer = Checkpointer(workdir, keep=None, async_save=False)
     try:
