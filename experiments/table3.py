@@ -33,6 +33,7 @@ def get_sweep() -> Sweep:
         config="multi30k.py",
         title=f"Table 3 at Multi30k scale: every row {UPDATES:,} updates, validation split, beam 4, α 0.6",
         overrides={
+            "data.bucket_boundaries": (16, 24, 32, 48, 128),  # the buckets multi30k.py had when the table began
             "train.steps": UPDATES,
             "train.max_minutes": 0,  # updates, not minutes, end each row
             "train.eval_every": 500,

@@ -1,10 +1,11 @@
 """End-to-end training throughput on real data: the whole `train` command, data pipeline and validation included.
 
-    .venv/bin/python experiments/bench/train_throughput.py --data ../shared/data/multi30k --updates 300
+    .venv/bin/python experiments/bench/train_throughput.py --data ../shared/data/multi30k --updates 300 \
+        [--config.data.bucket_boundaries='(12,16,20,24,28,32,40,48,64,128)' ...]
 
 Runs experiments/multi30k.py (or --config) for --updates updates in a fresh temporary workdir and reports the
 real (non-pad) source + target tokens per second over the whole command (tokenizer, compiling, steps, one
-validation pass at the end) and over the steps alone, the time to the first step, and how full the batches
+validation pass at the end) and over the steps alone (the median logged window), the time to the first step, and how full the batches
 were (real tokens / padded slots). Writes experiments/bench/results/train_throughput.json.
 """
 
@@ -13,6 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,9 +30,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--config", default=str(ROOT / "experiments" / "multi30k.py"))
     parser.add_argument("--updates", type=int, default=300)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    args = parser.parse_args(argv)
-
     from transformer_jax import cli
+
+    rest, extra = cli.split_overrides(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(rest)
     from transformer_jax.train import loop
     from transformer_jax.train.progress import read_metrics
 
@@ -44,17 +48,19 @@ def main(argv=None) -> dict:
         ("train.progress", "false"),
         ("train.log_every", "10"),
     ]
-    config = cli.load_experiment(args.config, overrides)
+    config = cli.load_experiment(args.config, overrides + extra)
     with tempfile.TemporaryDirectory() as workdir:
         started = time.perf_counter()
         summary = loop.train(config, workdir)
         total_s = time.perf_counter() - started
         rows = [row for row in read_metrics(workdir) if row["kind"] == "train"]
-    # train rows: tokens_per_sec over their window (validation excluded); tokens = target tokens of the window
-    step_tokens_per_s = sum(row["tokens_per_sec"] for row in rows[1:]) / max(len(rows) - 1, 1)
+    # train rows: tokens_per_sec over their window (validation excluded); tokens = target tokens of the window. The
+    # median window leaves out the windows in which a new bucket shape compiled.
+    step_tokens_per_s = statistics.median(row["tokens_per_sec"] for row in rows[1:]) if len(rows) > 1 else 0.0
     target_tokens = sum(row["tokens"] for row in rows)
     report = {
         "config": args.config,
+        "overrides": dict(extra),
         "updates": args.updates,
         "load_average": os.getloadavg(),
         "total_s": total_s,
