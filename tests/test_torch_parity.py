@@ -8,7 +8,6 @@ The worst absolute differences are printed (run with -s to see them). Skipped wh
 from __future__ import annotations
 
 import contextlib
-import types
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +18,7 @@ from flax import traverse_util
 torch = pytest.importorskip("torch")
 
 from transformer_jax.config import tiny  # noqa: E402
+from transformer_jax.experiment import OptimizerConfig  # noqa: E402
 from transformer_jax.interop import torch as interop  # noqa: E402
 from transformer_jax.model import Transformer  # noqa: E402
 
@@ -346,10 +346,8 @@ def test_one_adam_step_with_the_paper_schedule_gives_the_same_parameters():
 
     name = "post_nobias_sinusoid"
     cfg, _, params, _ = build(name)
-    train_cfg = types.SimpleNamespace(
-        warmup_steps=WARMUP_STEPS, lr_scale=1.0, adam_b1=ADAM_B1, adam_b2=ADAM_B2, adam_eps=ADAM_EPS, clip_grad_norm=0.0
-    )
-    tx, schedule = optimizer.make_optimizer(train_cfg, cfg.d_model)
+    settings = OptimizerConfig(warmup_steps=WARMUP_STEPS, adam_b1=ADAM_B1, adam_b2=ADAM_B2, adam_eps=ADAM_EPS)
+    tx, schedule = optimizer.make_optimizer(settings, cfg.d_model)
     grads = jax_results(name)["grads"]
 
     @jax.jit

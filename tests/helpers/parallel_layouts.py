@@ -24,7 +24,6 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -32,6 +31,7 @@ import optax  # noqa: E402
 
 from transformer_jax import parallel  # noqa: E402
 from transformer_jax.config import tiny  # noqa: E402
+from transformer_jax.experiment import OptimizerConfig  # noqa: E402
 from transformer_jax.model import Transformer  # noqa: E402
 from transformer_jax.train.optimizer import make_optimizer, transformer_schedule  # noqa: E402
 from transformer_jax.train.runner import compiled_train_step  # noqa: E402
@@ -81,10 +81,7 @@ def make_batches(steps: int, vocab: int, seed: int = 0) -> list[dict]:
 
 def make_tx(optimizer: str, d_model: int):
     if optimizer == "adam":  # the paper's Adam (§5.3) with a short warm-up
-        train_cfg = SimpleNamespace(
-            warmup_steps=10, lr_scale=1.0, adam_b1=0.9, adam_b2=0.98, adam_eps=1e-9, clip_grad_norm=0.0
-        )
-        return make_optimizer(train_cfg, d_model)
+        return make_optimizer(OptimizerConfig(warmup_steps=10), d_model)
     schedule = transformer_schedule(d_model, warmup_steps=10, scale=10.0)  # lr 0.04, 0.08, 0.12, ...
     return optax.sgd(schedule), schedule
 
