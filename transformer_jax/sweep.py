@@ -10,9 +10,10 @@ one resumed) and writes DIR/table.{md,csv,json,png}. A row is scored as the pape
 itself on the validation split at its last update: perplexity per target token and BLEU of beam search (the
 experiment's decode section), no checkpoint averaging. `--dry-run` prints each row's `transformer-jax train` command
 (for separate hosts, jobs or a SLURM array); `--collect` builds the table from the row workdirs as they are. The
-table gives each row's perplexity relative to the first row's (ours and the paper's), so the first row is the one
-the others change. The overrides are applied as `--config.KEY=VALUE` would be: the sweep's, then the command line's,
-then the row's.
+table gives each row's change from the first row (perplexity in %, BLEU in points; ours and the paper's), so the
+first row is the one the others change, and other rows in its group are its repeats (other seeds): the plot shades
+the spread they show, what chance alone moves a row. The overrides are applied as `--config.KEY=VALUE` would be:
+the sweep's, then the command line's, then the row's.
 """
 
 from __future__ import annotations
@@ -235,29 +236,36 @@ COLUMNS = (
     ("ppl", "valid PPL", "{:.2f}"),
     ("ppl_change", "PPL vs row 1", "{:+.1%}"),
     ("bleu", "valid BLEU", "{:.2f}"),
+    ("bleu_change", "BLEU vs row 1", "{:+.2f}"),
     ("paper_ppl", "paper PPL", "{:.2f}"),
     ("paper_ppl_change", "paper PPL vs row 1", "{:+.1%}"),
     ("paper_bleu", "paper BLEU", "{:.1f}"),
+    ("paper_bleu_change", "paper BLEU vs row 1", "{:+.1f}"),
     ("paper_params_m", "paper params (M)", "{:.0f}"),
 )
 
 
 def with_changes(results: list[dict | None]) -> list[dict | None]:
-    """Copies of the results with each one's perplexity relative to the first row's (the sweep's base), ours and,
-    where both rows have one, the paper's: the two scales differ, the directions and relative sizes compare."""
+    """Copies of the results with each one's change from the first row (the sweep's base), ours and, where both rows
+    have it, the paper's: perplexity as a fraction (`ppl_change`), BLEU in points (`bleu_change`). The two scales
+    differ; the directions and relative sizes compare."""
     first = results[0] if results else None
     changed: list[dict | None] = []
     for result in results:
         if result is not None and first is not None:
-            result = {**result, "ppl_change": result["ppl"] / first["ppl"] - 1}
-            if "paper_ppl" in result and "paper_ppl" in first:
-                result["paper_ppl_change"] = result["paper_ppl"] / first["paper_ppl"] - 1
+            result = dict(result)
+            for ppl, bleu in (("ppl", "bleu"), ("paper_ppl", "paper_bleu")):
+                if ppl in result and ppl in first:
+                    result[f"{ppl}_change"] = result[ppl] / first[ppl] - 1
+                if bleu in result and bleu in first:
+                    result[f"{bleu}_change"] = result[bleu] - first[bleu]
         changed.append(result)
     return changed
 
 
 def write_table(sweep: Sweep, planned: list[PlannedRow], results: list[dict | None], directory: Path) -> Path:
-    """DIR/table.md (rows not finished marked so), table.csv and table.json (finished rows), table.png."""
+    """DIR/table.md (rows not finished marked so), table.csv and table.json (finished rows), table.png (once row 1
+    has finished)."""
     directory.mkdir(parents=True, exist_ok=True)
     results = with_changes(results)
     done = [result for result in results if result is not None]
@@ -282,14 +290,15 @@ def write_table(sweep: Sweep, planned: list[PlannedRow], results: list[dict | No
         writer.writeheader()
         for result in done:
             writer.writerow({key: result.get(key) for key in writer.fieldnames})
-    if done:
+    if results and results[0] is not None:  # the plot shows changes from row 1
         plot_table(done, directory / f"{TABLE}.png", sweep.title)
     return directory / f"{TABLE}.md"
 
 
 def plot_table(results: list[dict], path: Path, title: str = "") -> None:
-    """Each row's change from the first row, perplexity (%) above and BLEU (points) below: ours as bars, one colour
-    per group, the paper's as black diamonds where both rows have the paper's figure."""
+    """The rows' changes from the first row (`with_changes`), perplexity (%) above and BLEU (points) below: ours as
+    bars, one colour per group, the paper's as black diamonds where both rows have the paper's figure, and shaded,
+    the largest change among the first row's repeats (the other rows of its group)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -298,24 +307,29 @@ def plot_table(results: list[dict], path: Path, title: str = "") -> None:
     groups = list(dict.fromkeys(result["group"] for result in results))
     colours = [plt.get_cmap("tab10")(groups.index(result["group"]) % 10) for result in results]
     names = [result["row"] for result in results]
-    first = results[0]
-
-    def change(result: dict, key: str) -> float:
-        return 100 * (result[key] / first[key] - 1) if key.endswith("ppl") else result[key] - first[key]
-
     figure, axes = plt.subplots(2, 1, figsize=(max(6.0, 0.45 * len(results) + 2), 6), sharex=True)
-    for axis, key, label in ((axes[0], "ppl", "perplexity vs row 1 (%)"), (axes[1], "bleu", "BLEU vs row 1")):
-        ours = [change(result, key) for result in results]
+    for axis, key, scale, label in (
+        (axes[0], "ppl", 100, "perplexity vs row 1 (%)"),
+        (axes[1], "bleu", 1, "BLEU vs row 1"),
+    ):
+        ours = [scale * result[f"{key}_change"] for result in results]
+        repeats = [abs(change) for change, result in zip(ours[1:], results[1:]) if result["group"] == groups[0]]
+        if repeats:
+            axis.axhspan(-max(repeats), max(repeats), color="grey", alpha=0.2, label="spread of row 1's repeats")
         axis.bar(range(len(results)), ours, color=colours, label="ours (colour: group)")
-        paper = [(i, change(result, f"paper_{key}")) for i, result in enumerate(results) if f"paper_{key}" in result]
-        if paper and f"paper_{key}" in first:
+        paper = [
+            (i, scale * result[f"paper_{key}_change"])
+            for i, result in enumerate(results)
+            if f"paper_{key}_change" in result
+        ]
+        if paper:
             axis.plot(*zip(*paper), "kD", markersize=5, label="paper")
         axis.axhline(0, color="grey", linewidth=1)
         axis.set_ylabel(f"validation {label}")
         axis.legend(fontsize=8)
     axes[1].set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=8)
     if title:
-        axes[0].set_title(title, fontsize=10)
+        axes[0].set_title(title, fontsize=9, wrap=True)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
