@@ -138,13 +138,15 @@ def test_config_json_of_version_0_1_replays_and_resumes(tmp_path):
     assert resume_changes(load_config(tmp_path), today) == ([], [])
 
 
-def test_config_json_from_before_key_dim_and_value_dim_resumes(tmp_path):
-    """A workdir written before ModelConfig.key_dim/value_dim (issue #25) ran d_k = d_v = d_model / num_heads:
-    it loads as None for both and resumes with today's default config unrefused."""
+def test_config_json_from_before_a_field_existed_resumes_as_its_default(tmp_path):
+    """A workdir written before ModelConfig.key_dim/value_dim (issue #25) ran d_k = d_v = d_model / num_heads, one
+    written before the cool-down (issue #24) ran without one: absent fields load as their defaults (None; 0) and
+    resume with today's default config with nothing to report, while a real change is still refused."""
     today = load_experiment(EXPERIMENTS / "tiny.py").to_dict()
-    assert today["model"]["key_dim"] is None and today["model"]["value_dim"] is None
+    assert today["model"]["key_dim"] is None and today["optimizer"]["cooldown_start"] == 0
     old = json.loads(json.dumps(today))
     del old["model"]["key_dim"], old["model"]["value_dim"]
+    del old["optimizer"]["cooldown_start"], old["optimizer"]["cooldown_steps"]
     (tmp_path / "config.json").write_text(json.dumps(old))
     assert load_config_file(tmp_path / "config.json").to_dict() == today
     assert resume_changes(load_config(tmp_path), today) == ([], [])

@@ -34,7 +34,7 @@ import orbax.checkpoint as ocp
 from transformer_jax.checkpoint import CHECKPOINT_DIR, Checkpointer, on_first_device
 from transformer_jax.config import ModelConfig
 from transformer_jax.errors import UsageError, UserError
-from transformer_jax.experiment import ConfigError, OptimizerConfig
+from transformer_jax.experiment import ConfigError, Experiment, OptimizerConfig
 from transformer_jax.selection import BestMetric, best_steps, validation_scores
 
 logger = logging.getLogger(__name__)
@@ -75,17 +75,19 @@ def model_config_from_workdir(workdir: str | Path) -> ModelConfig:
 
 
 def upgrade_config(values: Mapping[str, Any]) -> dict:
-    """A config.json of version 0.1 (one `train` section with the Adam fields, a model `preset` name) or one from
-    before ModelConfig.key_dim/value_dim in today's layout, so that older workdirs still replay and resume."""
+    """A config.json of any version in today's layout, so that older workdirs still replay and resume: version 0.1's
+    one `train` section with the Adam fields and its model `preset` name, and a field added since is filled in with
+    its default (a new field's default is what ran before it existed, e.g. key_dim None: d_model / num_heads)."""
     values = {name: dict(section) for name, section in values.items()}
     if "model" in values:
         values["model"].pop("preset", None)
-        for name in ("key_dim", "value_dim"):  # absent before issue #25: None (d_model / num_heads) is what ran
-            values["model"].setdefault(name, None)
     train = values.get("train", {})
     moved = {name: train.pop(name) for name in [f.name for f in dataclasses.fields(OptimizerConfig)] if name in train}
     if moved:
         values["optimizer"] = {**moved, **values.get("optimizer", {})}
+    for name, defaults in Experiment().to_dict().items():
+        if name in values:
+            values[name] = {**defaults, **values[name]}
     return values
 
 
