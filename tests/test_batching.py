@@ -167,6 +167,38 @@ def test_restore_mid_epoch_gives_the_same_batches(pack):
         resumed.restore({"epoch": 0, "index": per_epoch})
 
 
+def test_pairs_given_by_epoch_are_each_epochs_and_a_resume_recomputes_them():
+    """Pairs as a function of the epoch (segmentations sampled anew each epoch): epoch e holds pairs(e)'s kept pairs
+    exactly once, and a run restored mid-epoch asks for that epoch again and continues with the same batches."""
+    by_epoch = {epoch: random_pairs(200, seed=10 + epoch) for epoch in range(3)}
+    asked = []
+
+    def pairs_of(epoch):
+        asked.append(epoch)
+        return by_epoch[epoch]
+
+    options = dict(tokens_per_batch=BUDGET, max_len=MAX_LEN, seed=5)
+    batches = TrainBatches(pairs_of, **options)
+    assert batches.dropped == sum(max(len(s), len(t)) + 1 > MAX_LEN for s, t in by_epoch[0])
+    for epoch in range(3):
+        seen = collections.Counter(row for batch in one_epoch(batches) for row in unpadded_rows(batch))
+        assert seen == expected_examples(by_epoch[epoch]), epoch
+    assert sorted(set(asked)) == [0, 1, 2]
+
+    batches = TrainBatches(pairs_of, **options)
+    one_epoch(batches)
+    next(batches), next(batches)
+    saved = batches.state()
+    assert saved == {"epoch": 1, "index": 2}
+    following = [next(batches) for _ in range(3)]
+    asked.clear()
+    resumed = TrainBatches(pairs_of, **options)
+    resumed.restore(saved)
+    for expected, actual in zip(following, [next(resumed) for _ in range(3)]):
+        np.testing.assert_array_equal(expected["targets"], actual["targets"])
+    assert asked == [0, 1]  # epoch 0 for the start-up count, then only the epoch it resumed in
+
+
 def test_shards_split_each_global_batch():
     pairs = random_pairs(200)
     options = dict(tokens_per_batch=BUDGET, max_len=MAX_LEN, batch_multiple=2)

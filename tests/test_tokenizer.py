@@ -105,3 +105,25 @@ def test_case_folding_normalization_lowercases_what_it_reads_and_is_kept_with_th
         load_or_train_tokenizer(tmp_path, [], VOCAB_SIZE)
     with pytest.raises(ValueError, match="normalization must be one of"):
         train_tokenizer(["a b c"], 10, normalization="lowercase")
+
+
+def test_sampled_segmentations_are_lossless_reproducible_and_finer_the_higher_alpha(trained, corpus):
+    """BPE-dropout (data.tokenizer_sampling): every sampled segmentation decodes to its text; the same seed gives the
+    same pieces whatever was sampled in between, another epoch others; a higher drop probability gives more pieces,
+    and dropping (almost) every merge leaves (almost) single characters."""
+    _, tokenizer = trained
+    pairs = corpus["validation"][:100]
+    best = tokenizer.encode_pairs(pairs)
+    sampled = tokenizer.sample_pairs(pairs, 0.1, seed=(0, 0))
+    for (source, target), (source_ids, target_ids) in zip(pairs, sampled):
+        assert tokenizer.decode(source_ids) == source and tokenizer.decode(target_ids) == target
+    assert tokenizer.sample_pairs(pairs, 0.1, seed=(0, 1)) != sampled
+    tokenizer.processor.encode(pairs[0][0], enable_sampling=True, alpha=0.1)  # the main thread's generator moves on
+    assert tokenizer.sample_pairs(pairs, 0.1, seed=(0, 0)) == sampled
+
+    def pieces(segmented):
+        return sum(len(source) + len(target) for source, target in segmented)
+
+    characters = sum(len(source.replace(" ", "")) + len(target.replace(" ", "")) for source, target in pairs)
+    assert pieces(best) < pieces(sampled) < pieces(tokenizer.sample_pairs(pairs, 0.5, seed=(0, 0)))
+    assert pieces(tokenizer.sample_pairs(pairs, 0.999, seed=(0, 0))) >= 0.98 * characters

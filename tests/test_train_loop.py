@@ -88,6 +88,26 @@ def test_stopped_by_sigterm_and_resumed_gives_the_same_losses(uninterrupted, tmp
     assert second["eval"]["loss"] == pytest.approx(uninterrupted[1]["eval"]["loss"], abs=1e-6)
 
 
+def test_a_run_with_sampled_segmentations_resumes_with_the_same_losses(uninterrupted, tmp_path):
+    """data.tokenizer_sampling: the batches differ from the one-best segmentation's (different losses), and a run
+    stopped by SIGTERM resumes on the same sampled segmentations (the same losses as without the stop)."""
+    sampling = {"data.tokenizer_sampling": 0.1}
+    whole = loop.train(small_config(**sampling), tmp_path / "whole")
+    losses = train_losses(tmp_path / "whole")
+    assert losses[1] != pytest.approx(train_losses(uninterrupted[0])[1], abs=1e-4)
+
+    def send_sigterm(update, metrics):
+        if update == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    assert loop.train(small_config(**sampling), tmp_path / "stopped", on_update=send_sigterm)["interrupted"]
+    loop.train(small_config(**sampling), tmp_path / "stopped")
+    resumed = train_losses(tmp_path / "stopped")
+    for step in range(1, STEPS + 1):
+        assert resumed[step] == pytest.approx(losses[step], abs=1e-6, rel=0), step
+    assert whole["step"] == STEPS
+
+
 def test_checkpoint_of_another_shape_is_refused_and_nothing_is_overwritten(uninterrupted):
     workdir = uninterrupted[0]
     before = snapshot(workdir)
@@ -201,6 +221,7 @@ def test_cli_end_to_end(tmp_path, capsys):
         (["--config.mesh.mode=spmd"], "mesh.mode='spmd' is unknown"),
         (["--config.mesh.rules=zero3"], "mesh.rules='zero3' is unknown"),
         (["--config.decode.beam_size=0"], "decode.beam_size=0 must be a positive integer"),
+        (["--config.data.tokenizer_sampling=1"], "data.tokenizer_sampling=1.0 must lie in [0, 1)"),
     ],
 )
 def test_bad_config_fails_before_any_work(tmp_path, capsys, argv, expected):

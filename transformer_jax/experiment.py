@@ -99,6 +99,10 @@ class DataConfig(_Section):
     # SentencePiece's normalization rule; "nmt_nfkc_cf" folds case (a lowercased model, as in lowercased benchmarks)
     tokenizer_normalization: TokenizerNormalization = "nmt_nfkc"
     tokenizer_max_sentences: int = 1_000_000
+    # > 0: every epoch segments the training pairs anew by sampling (data/tokenizer.Tokenizer.sample_pairs): for a
+    # BPE model the BPE-dropout probability (Provilkov et al. 2020), for unigram subword regularization's alpha
+    # (Kudo 2018). Validation, test and translation keep the one best segmentation. 0: that one always (the paper).
+    tokenizer_sampling: float = 0.0
     # Padded positions per side of a batch (rows x bucket length, pad included): the static shapes jit sees.
     # Real tokens are fewer (~72% with the default buckets on WMT-like lengths; experiments/base.py sets 35000
     # for §5.1's ~25000 source + ~25000 target tokens).
@@ -112,6 +116,11 @@ class DataConfig(_Section):
     def _validate(self) -> None:
         if not all(_positive_int(length) for length in self.bucket_boundaries):
             raise ConfigError(f"data.bucket_boundaries={self.bucket_boundaries!r} must be positive lengths.")
+        if not 0.0 <= self.tokenizer_sampling < 1.0:
+            raise ConfigError(
+                f"data.tokenizer_sampling={self.tokenizer_sampling} must lie in [0, 1) (0 = no sampling; BPE-dropout "
+                "is usually 0.05-0.1)."
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -104,9 +104,25 @@ class _Examples:
         return arrays
 
 
+class _EpochExamples:
+    """One epoch's pairs: those at most max_len long (eos included) kept, their lengths, their encoded examples."""
+
+    def __init__(self, pairs: Sequence[TokenPair], max_len: int, pad_id: int, bos_id: int, eos_id: int):
+        self.lengths = np.array([(len(source) + 1, len(target) + 1) for source, target in pairs], np.int64).reshape(
+            -1, 2
+        )  # [pairs, 2] with eos
+        self.kept = np.flatnonzero(self.lengths.max(axis=1) <= max_len)
+        self.dropped = len(pairs) - len(self.kept)
+        if not len(self.kept):
+            raise DataError(f"No pair is at most max_len={max_len} tokens long (eos included); raise data.max_len.")
+        self.examples = _Examples(pairs, max_len, pad_id, bos_id, eos_id)
+
+
 class TrainBatches:
     """Endless, shuffled training batches over epochs, resumable from `state()`.
 
+    `pairs` are the token pairs of every epoch, or a function of the epoch that returns that epoch's (segmentations
+    sampled anew each epoch: `Tokenizer.sample_pairs`); it must return the same pairs for the same epoch.
     Epoch e shuffles with seed + e and holds every kept pair exactly once. `state()` is
     {'epoch', 'index'} (index = batches already yielded in that epoch); `restore(state)` resumes there
     with exactly the batches that would have followed. With shard_count > 1 each process gets rows
@@ -116,7 +132,7 @@ class TrainBatches:
 
     def __init__(
         self,
-        pairs: Sequence[TokenPair],
+        pairs: Sequence[TokenPair] | Callable[[int], Sequence[TokenPair]],
         *,
         tokens_per_batch: int,
         max_len: int,
@@ -132,21 +148,17 @@ class TrainBatches:
     ):
         if not 0 <= shard_index < shard_count:
             raise ValueError(f"Need 0 <= shard_index < shard_count, got {shard_index} and {shard_count}.")
-        lengths = np.array([(len(source) + 1, len(target) + 1) for source, target in pairs], np.int64).reshape(
-            -1, 2
-        )  # [pairs, 2] with eos
-        self.kept = np.flatnonzero(lengths.max(axis=1) <= max_len)
-        self.dropped = len(pairs) - len(self.kept)
-        if not len(self.kept):
-            raise DataError(f"No pair is at most max_len={max_len} tokens long (eos included); raise data.max_len.")
+        self._pairs, self._ids = pairs, (max_len, pad_id, bos_id, eos_id)
+        self._fixed = None if callable(pairs) else _EpochExamples(pairs, *self._ids)  # every epoch's: built once
+        first = self._examples(0)
+        self.dropped = first.dropped
         logger.info(
-            "Training batches: kept %d pairs, dropped %d longer than max_len=%d tokens (eos included).",
-            len(self.kept),
+            "Training batches: kept %d pairs, dropped %d longer than max_len=%d tokens (eos included)%s.",
+            len(first.kept),
             self.dropped,
             max_len,
+            "" if self._fixed else " in epoch 0 (each epoch samples its own segmentations)",
         )
-        self.examples = _Examples(pairs, max_len, pad_id, bos_id, eos_id)
-        self.lengths = lengths
         self.seed, self.pack, self.max_len = seed, pack, max_len
         self.shard_index, self.shard_count = shard_index, shard_count
         self.boundaries = (max_len,) if pack else _checked_boundaries(bucket_boundaries, max_len)
@@ -158,6 +170,13 @@ class TrainBatches:
         self.epoch, self.index = 0, 0
         self._plan_epoch = -1
         self._plan: list[tuple[int, list[Row]]] = []
+        self._epoch_examples = first  # of the epoch planned
+
+    def _examples(self, epoch: int) -> _EpochExamples:
+        if self._fixed is not None:
+            return self._fixed
+        assert callable(self._pairs)
+        return _EpochExamples(self._pairs(epoch), *self._ids)
 
     def state(self) -> dict[str, int]:
         return {"epoch": self.epoch, "index": self.index}
@@ -175,13 +194,17 @@ class TrainBatches:
     def epoch_plan(self, epoch: int) -> list[tuple[int, list[Row]]]:
         """[(length, rows of example indices)] for every global batch of `epoch`, in order."""
         if epoch != self._plan_epoch:
-            order = self.kept[np.random.default_rng(self.seed + epoch).permutation(len(self.kept))]
-            self._plan = self._pack_plan(order) if self.pack else self._bucket_plan(order)
+            self._epoch_examples = self._examples(epoch)
+            self._plan = self._make_plan(self._epoch_examples, epoch)
             self._plan_epoch = epoch
         return self._plan
 
-    def _bucket_plan(self, order: np.ndarray) -> list[tuple[int, list[Row]]]:
-        bucket_of = np.searchsorted(self.boundaries, self.lengths.max(axis=1))  # [pairs]
+    def _make_plan(self, examples: _EpochExamples, epoch: int) -> list[tuple[int, list[Row]]]:
+        order = examples.kept[np.random.default_rng(self.seed + epoch).permutation(len(examples.kept))]
+        return self._pack_plan(order, examples.lengths) if self.pack else self._bucket_plan(order, examples.lengths)
+
+    def _bucket_plan(self, order: np.ndarray, lengths: np.ndarray) -> list[tuple[int, list[Row]]]:
+        bucket_of = np.searchsorted(self.boundaries, lengths.max(axis=1))  # [pairs]
         plan: list[tuple[int, list[Row]]] = []
         filling: dict[int, list[Row]] = {length: [] for length in self.boundaries}
         for index in order:
@@ -193,8 +216,8 @@ class TrainBatches:
         plan.extend((length, rows) for length, rows in filling.items() if rows)
         return plan
 
-    def _pack_plan(self, order: np.ndarray) -> list[tuple[int, list[Row]]]:
-        batches = pack_rows(order, self.lengths[:, 0], self.lengths[:, 1], self.max_len, self.rows[self.max_len])
+    def _pack_plan(self, order: np.ndarray, lengths: np.ndarray) -> list[tuple[int, list[Row]]]:
+        batches = pack_rows(order, lengths[:, 0], lengths[:, 1], self.max_len, self.rows[self.max_len])
         return [(self.max_len, rows) for rows in batches]
 
     def __iter__(self) -> Iterator[Batch]:
@@ -208,7 +231,7 @@ class TrainBatches:
             self.epoch, self.index = self.epoch + 1, 0
         num_rows = self.rows[length] // self.shard_count
         first = self.shard_index * num_rows
-        return self.examples.batch(rows[first : first + num_rows], num_rows, length, self.pack)
+        return self._epoch_examples.examples.batch(rows[first : first + num_rows], num_rows, length, self.pack)
 
 
 def eval_batches(

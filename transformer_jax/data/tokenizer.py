@@ -8,21 +8,26 @@ Special ids default to pad=0, bos=1, eos=2, unk=3, matching `ModelConfig(pad_id=
 folds case, so the model reads and writes lowercased text (the preprocessing of lowercased benchmarks such as
 the published Multi30k results).
 
+`Tokenizer.sample_pairs` segments by sampling instead (BPE-dropout, subword regularization: data.tokenizer_sampling),
+reproducibly from a seed.
+
 A vocab_size larger than the sample supports is an error that states the largest possible size; it is not
 silently lowered (`hard_vocab_limit=False`), because the model's embedding table is sized from the config.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import io
 import logging
 import os
 import random
 import re
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+import numpy as np
 import sentencepiece as spm
 
 from transformer_jax.data.pairs import Pair
@@ -68,6 +73,35 @@ class Tokenizer:
         sources = self.processor.encode([source for source, _ in pairs])
         targets = self.processor.encode([target for _, target in pairs])
         return list(zip(sources, targets))
+
+    def sample_pairs(
+        self, pairs: Sequence[Pair], alpha: float, seed: Sequence[int]
+    ) -> list[tuple[list[int], list[int]]]:
+        """`encode_pairs` with each segmentation sampled: a BPE model drops each merge with probability `alpha`
+        (BPE-dropout, Provilkov et al. 2020), a unigram model samples from all segmentations with smoothing `alpha`
+        (subword regularization, Kudo 2018). The same pairs, alpha and seed (e.g. (train seed, epoch)) give the
+        same segmentations.
+
+        SentencePiece samples from one generator per thread, seeded from its global seed when the thread first
+        samples, so each call encodes on one fresh thread after setting that seed.
+        """
+        spm.set_random_generator_seed(int(np.random.SeedSequence(list(seed)).generate_state(1)[0]))
+
+        def sample(texts: list[str]) -> list[list[int]]:
+            return self.processor.encode(texts, enable_sampling=True, alpha=alpha, nbest_size=-1, num_threads=1)
+
+        def sample_both_sides() -> list[tuple[list[int], list[int]]]:
+            return list(zip(sample([source for source, _ in pairs]), sample([target for _, target in pairs])))
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="subword-sampling") as thread:
+            return thread.submit(sample_both_sides).result()
+
+    def epoch_sampler(
+        self, pairs: Iterable[Pair], alpha: float, seed: int
+    ) -> Callable[[int], list[tuple[list[int], list[int]]]]:
+        """epoch -> `sample_pairs(pairs, alpha, (seed, epoch))`: the pairs segmented anew each epoch (TrainBatches)."""
+        texts = list(pairs)
+        return lambda epoch: self.sample_pairs(texts, alpha, (seed, epoch))
 
     def decode(self, ids: Sequence[int]) -> str:
         """Detokenized text of `ids` up to the first eos, skipping pad and bos."""

@@ -168,8 +168,11 @@ class Trainer:
             boundaries = tuple(data.bucket_boundaries) or None
             tokenizer = self.tokenizer
             special_ids = dict(pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
+            train = source.pairs("train")
             self.batches = TrainBatches(
-                tokenizer.encode_pairs(source.pairs("train")),
+                tokenizer.epoch_sampler(train, data.tokenizer_sampling, train_cfg.seed)
+                if data.tokenizer_sampling
+                else tokenizer.encode_pairs(train),
                 tokens_per_batch=data.tokens_per_batch,
                 max_len=data.max_len,
                 seed=train_cfg.seed,
