@@ -9,16 +9,17 @@ reference's tokens, and both 0.3 and 0.2 stalled in that budget (validation perp
 updates, against 7.7 with 0.1), although 0.1 overfits after ~4,000 updates; dropout 0.2 at half the peak learning
 rate learns, reaches a lower validation perplexity (5.67 against 6.01) but the same test BLEU in 85 minutes
 (experiments/results/multi30k.md, run E), and a case-folded vocabulary (data.tokenizer_normalization='nmt_nfkc_cf',
-run F) scored 39.3 lowercased BLEU against 39.5; the published recipe itself (dropout 0.3, warm-up 2,000 to 5e-3,
-8k-position batches, run I) learns, but at half C's pace per minute (validation BLEU 30 after 40 minutes). The
-paper's warm-up / inverse-square-root schedule (§5.3) needs no horizon, so a run stopped by `train.max_minutes` ends
-on a sensible learning rate. Batches: about 4k source + 4k target positions each, in ten length buckets (every 4
-tokens from 12 to 32, then 40, 48, 64, 128; most captions take 12-24): 84% of the positions are real tokens, against
-76% with the earlier five (16, 24, 32, 48, 128), which is 9% more real tokens a second at the same cost an update
-(experiments/bench/train_throughput.py) for about 10 s more compiling. Checkpoints every 200 updates, each with its
-validation perplexity; the run keeps the 16 best by it (and the latest), and experiments/multi30k.sh averages the
-best 8, so a run that overfits late (dropout 0.1 does after ~5,500 updates on a fast machine) is averaged where
-validation was best, not where the budget happened to end.
+run F) scored 39.3 lowercased BLEU against 39.5, BPE-dropout 0.05 (data.tokenizer_sampling) stalled like dropout 0.2
+(probe L); the published recipe itself (dropout 0.3, warm-up 2,000 to 5e-3, 8k-position batches, run I) learns, but
+at half C's pace per minute (validation BLEU 30 after 40 minutes). The paper's warm-up / inverse-square-root
+schedule (§5.3) needs no horizon, so a run stopped by `train.max_minutes` ends on a sensible learning rate. Batches:
+about 4k source + 4k target positions each, in ten length buckets (every 4 tokens from 12 to 32, then 40, 48, 64,
+128; most captions take 12-24): 84% of the positions are real tokens, against 76% with the earlier five (16, 24, 32,
+48, 128), which is 9% more real tokens a second at the same cost an update (experiments/bench/train_throughput.py)
+for about 10 s more compiling. Checkpoints every 200 updates, each with its validation perplexity; the run keeps the
+16 best by it (and the latest), and experiments/multi30k.sh averages the best 8, so a run that overfits late
+(dropout 0.1 does after ~5,500 updates on a fast machine) is averaged where validation was best, not where the
+budget happened to end.
 """
 
 from transformer_jax.config import base
