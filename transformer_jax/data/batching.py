@@ -170,7 +170,7 @@ class TrainBatches:
         self.epoch, self.index = 0, 0
         self._plan_epoch = -1
         self._plan: list[tuple[int, list[Row]]] = []
-        self._epoch_examples = first  # of the epoch planned
+        self._epoch_examples, self._examples_epoch = first, 0  # the examples of the epoch planned last
 
     def _examples(self, epoch: int) -> _EpochExamples:
         if self._fixed is not None:
@@ -194,7 +194,8 @@ class TrainBatches:
     def epoch_plan(self, epoch: int) -> list[tuple[int, list[Row]]]:
         """[(length, rows of example indices)] for every global batch of `epoch`, in order."""
         if epoch != self._plan_epoch:
-            self._epoch_examples = self._examples(epoch)
+            if epoch != self._examples_epoch:
+                self._epoch_examples, self._examples_epoch = self._examples(epoch), epoch
             self._plan = self._make_plan(self._epoch_examples, epoch)
             self._plan_epoch = epoch
         return self._plan
