@@ -122,6 +122,29 @@ def test_dry_run_commands_train_rows_elsewhere_and_collect_tabulates_them(tmp_pa
     assert [result["row"] for result in results] == ["A: h 1"] and results[0]["ppl"] > 1
 
 
+def test_rows_run_only_the_named_rows_and_the_table_keeps_every_row_and_row_1_as_the_reference(
+    tmp_path, capsys, monkeypatch
+):
+    sweep_file = write_sweep_file(tmp_path / "grid.py", ROWS)
+    out = tmp_path / "runs"
+    tables = []
+    write_table = sweep.write_table
+    monkeypatch.setattr(sweep, "write_table", lambda *a: tables.append(a[2]) or write_table(*a))
+    assert cli.main(["sweep", str(sweep_file), "--workdir", str(out), "--rows", "a-h-1"]) == 0
+    assert not (out / "base").exists()  # not chosen, not trained
+    table = (out / "table.md").read_text()
+    assert "| base | not finished" in table and "| A | A: h 1 |" in table and "vs row 1" not in table
+    assert len(tables) == 2 and tables[0][1] is not None  # written once the row had finished, and at the end
+
+    assert cli.main(["sweep", str(sweep_file), "--workdir", str(out), "--rows", "base"]) == 0
+    results = json.loads((out / "table.json").read_text())
+    assert [result["row"] for result in results] == ["base", "A: h 1"]
+    assert results[1]["ppl_change"] == pytest.approx(results[1]["ppl"] / results[0]["ppl"] - 1)
+
+    assert cli.main(["sweep", str(sweep_file), "--workdir", str(out), "--rows", "A: h 2"]) == 2
+    assert "--rows ['A: h 2']: no such row" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "rows, message",
     [

@@ -346,7 +346,10 @@ def _sweep_command(parser: argparse.ArgumentParser) -> Handler:
         "config", metavar="SWEEP_FILE", help="a Python file with get_sweep(), e.g. experiments/table3.py"
     )
     parser.add_argument("--workdir", required=True, help="a workdir per row under it, and table.md/.csv/.json/.png")
-    parser.add_argument("--rows", help="comma-separated row names to run or collect (default: every row)")
+    parser.add_argument(
+        "--rows",
+        help="comma-separated row names to run or print commands for (default: every row); the table has every row",
+    )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print each row's `transformer-jax train` command")
     mode.add_argument("--collect", action="store_true", help="only build the table from the row workdirs as they are")
@@ -363,19 +366,22 @@ def _sweep_command(parser: argparse.ArgumentParser) -> Handler:
 def _run_sweep(args: argparse.Namespace) -> int:
     from transformer_jax import sweep
 
-    the_sweep, config, planned = sweep.plan(args.config, args.workdir, args.config_overrides, args.rows)
+    the_sweep, config, planned = sweep.plan(args.config, args.workdir, args.config_overrides)
+    chosen = sweep.select(planned, args.rows)
+
+    def write_table() -> tuple[Path, int]:  # every row of the sweep, whichever were chosen; and how many unfinished
+        results = [sweep.row_result(row) for row in planned]
+        return sweep.write_table(the_sweep, planned, results, Path(args.workdir)), results.count(None)
+
     if args.dry_run:
-        for row in planned:
+        for row in chosen:
             print(sweep.train_command(config, row))
         return 0
-    if args.collect:
-        results = [sweep.row_result(row) for row in planned]
-    else:
+    if not args.collect:
         check_workdir(args.workdir, writable=True)
-        results = sweep.run(planned)
-    table = sweep.write_table(the_sweep, planned, results, Path(args.workdir))
+        sweep.run(chosen, after_row=write_table)
+    table, missing = write_table()
     print(table.read_text())
-    missing = sum(result is None for result in results)
     print(f"wrote {table} (and .csv, .json, .png)" + (f"; {missing} rows not finished" if missing else ""))
     return 0
 

@@ -6,14 +6,15 @@ A sweep file is a Python file whose `get_sweep()` returns a `Sweep` (experiments
           rows=(SweepRow("base"), SweepRow("A h 1", {"model.num_heads": 1}, group="A")))
 
 `transformer-jax sweep FILE --workdir DIR` trains each row in DIR/<row> (a finished row is skipped, an interrupted
-one resumed) and writes DIR/table.{md,csv,json,png}. A row is scored as the paper's Table 3 is, by the training run
-itself on the validation split at its last update: perplexity per target token and BLEU of beam search (the
-experiment's decode section), no checkpoint averaging. `--dry-run` prints each row's `transformer-jax train` command
-(for separate hosts, jobs or a SLURM array); `--collect` builds the table from the row workdirs as they are. The
-table gives each row's change from the first row (perplexity in %, BLEU in points; ours and the paper's), so the
-first row is the one the others change, and other rows in its group are its repeats (other seeds): the plot shades
-the spread they show, what chance alone moves a row. The overrides are applied as `--config.KEY=VALUE` would be:
-the sweep's, then the command line's, then the row's.
+one resumed) and writes DIR/table.{md,csv,json,png} of every row, again after each row it trains; `--rows` runs only
+the rows it names. A row is scored as the paper's Table 3 is, by the training run itself on the validation split at
+its last update: perplexity per target token and BLEU of beam search (the experiment's decode section), no
+checkpoint averaging. `--dry-run` prints each row's `transformer-jax train` command (for separate hosts, jobs or a
+SLURM array); `--collect` builds the table from the row workdirs as they are. The table gives each row's change from
+the first row (perplexity in %, BLEU in points; ours and the paper's), so the first row is the one the others
+change, and other rows in its group are its repeats (other seeds): the plot shades the spread they show, what chance
+alone moves a row. The overrides are applied as `--config.KEY=VALUE` would be: the sweep's, then the command line's,
+then the row's.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import json
 import re
 import shlex
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -94,22 +95,14 @@ def load_sweep_file(path: str | Path) -> tuple[Sweep, Path]:
 
 
 def plan(
-    sweep_file: str | Path, workdir: str | Path, overrides: Iterable[tuple[str, str]] = (), rows: str | None = None
+    sweep_file: str | Path, workdir: str | Path, overrides: Iterable[tuple[str, str]] = ()
 ) -> tuple[Sweep, Path, list[PlannedRow]]:
-    """Every row (or those named in the comma-separated `rows`) resolved; all configs are checked first."""
+    """Every row resolved, in the sweep file's order; all configs are checked first."""
     sweep, config = load_sweep_file(sweep_file)
     base = load_config_file(config)
-    chosen = list(sweep.rows)
-    if rows:
-        wanted = [name.strip() for name in rows.split(",") if name.strip()]
-        by_name = {key: row for row in sweep.rows for key in (row.name, row.slug)}
-        unknown = [name for name in wanted if name not in by_name]
-        if unknown:
-            raise ConfigError(f"--rows {unknown}: no such row; rows: {[row.name for row in sweep.rows]}.")
-        chosen = [by_name[name] for name in wanted]
     common = [(key, override_text(value)) for key, value in sweep.overrides.items()] + list(overrides)
     planned = []
-    for row in chosen:
+    for row in sweep.rows:
         texts = tuple(common + [(key, override_text(value)) for key, value in row.overrides.items()])
         try:
             experiment = apply_overrides(base, texts)
@@ -117,6 +110,18 @@ def plan(
             raise ConfigError(f"sweep row {row.name!r}: {error}") from None
         planned.append(PlannedRow(row, experiment, Path(workdir) / row.slug, texts))
     return sweep, config, planned
+
+
+def select(planned: list[PlannedRow], rows: str | None) -> list[PlannedRow]:
+    """The rows named (by name or workdir name) in the comma-separated `rows`, in that order; all of them if None."""
+    if not rows:
+        return planned
+    by_name = {key: row for row in planned for key in (row.row.name, row.row.slug)}
+    wanted = [name.strip() for name in rows.split(",") if name.strip()]
+    unknown = [name for name in wanted if name not in by_name]
+    if unknown:
+        raise ConfigError(f"--rows {unknown}: no such row; rows: {[row.row.name for row in planned]}.")
+    return [by_name[name] for name in wanted]
 
 
 def train_command(config: Path, planned: PlannedRow) -> str:
@@ -211,8 +216,9 @@ def _score_at_end(planned: PlannedRow) -> None:
         trainer.validation_bleu(cfg.steps, "final_bleu", method, trainer.valid_pairs)
 
 
-def run(planned: list[PlannedRow], *, log=print) -> list[dict | None]:
-    """Each row in turn: skipped when finished, else trained (or resumed) and scored."""
+def run(planned: list[PlannedRow], *, log=print, after_row: Callable[[], object] | None = None) -> list[dict | None]:
+    """Each row in turn: skipped when finished, else trained (or resumed), scored, and then `after_row()` (the
+    table written again, so that it shows every row finished so far)."""
     results: list[dict | None] = []
     for index, row in enumerate(planned, start=1):
         result = row_result(row)
@@ -221,6 +227,8 @@ def run(planned: list[PlannedRow], *, log=print) -> list[dict | None]:
         else:
             log(f"[{index}/{len(planned)}] {row.row.name}: training in {row.workdir}")
             result = finish_row(row)
+            if after_row is not None:
+                after_row()
         log(f"[{index}/{len(planned)}] {row.row.name}: perplexity {result['ppl']:.2f}, BLEU {result['bleu']:.2f}")
         results.append(result)
     return results
