@@ -58,10 +58,15 @@ def test_sweep_resumes_an_interrupted_row_skips_finished_ones_and_tabulates(tmp_
         trained = ckpt.load_params(row.workdir)  # the oracle: the checkpoint's own arrays
         assert result["params"] == sum(np.size(leaf) for leaf in jax.tree.leaves(trained))
         assert result["updates"] == STEPS and result["train_minutes"] > 0
+        validations = [(r["step"], math.exp(r["nll"])) for r in metrics(row.workdir) if r["kind"] == "eval"]
+        curve = sweep.validation_curve(row.workdir)
+        assert [step for step, _ in curve] == [step for step, _ in validations] == [2, 4]
+        assert [ppl for _, ppl in curve] == pytest.approx([ppl for _, ppl in validations], rel=1e-6)
     assert results[0]["paper_ppl"] == 4.92 and "paper_ppl" not in results[1]
     table = (out / "table.md").read_text()
     assert table.startswith("# two rows") and "| A | A: h 1 | model.num_heads=1 |" in table and "4.92" in table
     assert (out / "table.png").stat().st_size > 0 and (out / "table.csv").read_text().count("\n") == 3
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     logs = [(row.workdir / "metrics.jsonl").read_bytes() for row in planned]
     capsys.readouterr()

@@ -32,6 +32,7 @@ from typing import Any
 from transformer_jax.experiment import ConfigError, Experiment, apply_overrides, exec_python_file, load_config_file
 
 TABLE = "table"  # DIR/table.md, .csv, .json, .png
+CURVES = "curves.png"  # DIR/curves.png: every row's validation perplexity against updates
 METRICS = "metrics.jsonl"
 
 
@@ -273,7 +274,7 @@ def with_changes(results: list[dict | None]) -> list[dict | None]:
 
 def write_table(sweep: Sweep, planned: list[PlannedRow], results: list[dict | None], directory: Path) -> Path:
     """DIR/table.md (rows not finished marked so), table.csv and table.json (finished rows), table.png (once row 1
-    has finished)."""
+    has finished) and curves.png (every row that has validated)."""
     directory.mkdir(parents=True, exist_ok=True)
     results = with_changes(results)
     done = [result for result in results if result is not None]
@@ -300,7 +301,17 @@ def write_table(sweep: Sweep, planned: list[PlannedRow], results: list[dict | No
             writer.writerow({key: result.get(key) for key in writer.fieldnames})
     if results and results[0] is not None:  # the plot shows changes from row 1
         plot_table(done, directory / f"{TABLE}.png", sweep.title)
+    curves = {row.row.name: (row.row.group, validation_curve(row.workdir)) for row in planned}
+    if any(points for _, points in curves.values()):
+        plot_curves(curves, directory / CURVES, sweep.title)
     return directory / f"{TABLE}.md"
+
+
+def validation_curve(workdir: Path) -> list[tuple[int, float]]:
+    """(update, validation perplexity) of every validation the row's run logged, by update (once each: a resumed
+    run that validated an update again keeps the later figure)."""
+    points = {row["step"]: row["perplexity"] for row in _metrics(workdir) if row.get("kind") == "eval"}
+    return sorted(points.items())
 
 
 def plot_table(results: list[dict], path: Path, title: str = "") -> None:
@@ -338,6 +349,35 @@ def plot_table(results: list[dict], path: Path, title: str = "") -> None:
     axes[1].set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=8)
     if title:
         axes[0].set_title(title, fontsize=9, wrap=True)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def plot_curves(curves: Mapping[str, tuple[str, list[tuple[int, float]]]], path: Path, title: str = "") -> None:
+    """Validation perplexity (log scale) against updates, {row name: (group, points)}: a panel per group, each with
+    the first row (the base) in black, so a row's curve reads against the base's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    (base_name, (_, base_points)), *_ = curves.items()
+    groups = list(dict.fromkeys(group for group, points in curves.values() if points))
+    figure, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups) + 1, 3.6), sharey=True, squeeze=False)
+    for axis, group in zip(axes[0], groups):
+        if base_points:
+            axis.plot(*zip(*base_points), "k-o", markersize=3, label=base_name)
+        for name, (row_group, points) in curves.items():
+            if row_group == group and name != base_name and points:
+                axis.plot(*zip(*points), "-o", markersize=3, label=name)
+        axis.set_yscale("log")
+        axis.set_title(group or "(no group)", fontsize=9)
+        axis.set_xlabel("update")
+        axis.legend(fontsize=7)
+    axes[0][0].set_ylabel("validation perplexity")
+    if title:
+        figure.suptitle(title, fontsize=9, wrap=True)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
