@@ -13,6 +13,7 @@ from transformer_jax.config import tiny
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments" / "bench"))
 
 from device import peak_tflops  # noqa: E402
+from train_throughput import steps_tokens_per_s  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,6 +23,14 @@ def test_peak_table_matches_device_kinds_as_jax_names_them():
     assert peak_tflops("NVIDIA A100-SXM4-40GB") == 312.0
     assert peak_tflops("TPU v5 lite") == 197.0
     assert peak_tflops("cpu") is None
+
+
+def test_train_throughput_is_the_median_window_after_the_first():
+    windows = [
+        {"tokens_per_sec": rate} for rate in (100.0, 50.0, 200.0, 210.0, 190.0)
+    ]  # 100: first compile; 50: a new shape
+    assert steps_tokens_per_s(windows) == 195.0  # by hand: the median of 50, 190, 200, 210
+    assert steps_tokens_per_s(windows[:1]) == 0.0
 
 
 SMOKE_TOKENS, SMOKE_LENGTH = 256, 16  # device.py --smoke: 256 source tokens per batch in rows of 16

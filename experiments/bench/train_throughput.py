@@ -24,6 +24,13 @@ ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "train_throughput.json"
 
 
+def steps_tokens_per_s(train_rows: list[dict]) -> float:
+    """The median real tokens/s of the logged windows after the first (which holds the first compile): each train row's
+    tokens_per_sec covers its window, validation excluded; the median leaves out the windows in which a new bucket
+    shape compiled."""
+    return statistics.median(row["tokens_per_sec"] for row in train_rows[1:]) if len(train_rows) > 1 else 0.0
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", required=True, help="the Multi30k directory (train.en, train.de, val.*, ...)")
@@ -54,9 +61,7 @@ def main(argv=None) -> dict:
         summary = loop.train(config, workdir)
         total_s = time.perf_counter() - started
         rows = [row for row in read_metrics(workdir) if row["kind"] == "train"]
-    # train rows: tokens_per_sec over their window (validation excluded); tokens = target tokens of the window. The
-    # median window leaves out the windows in which a new bucket shape compiled.
-    step_tokens_per_s = statistics.median(row["tokens_per_sec"] for row in rows[1:]) if len(rows) > 1 else 0.0
+    step_tokens_per_s = steps_tokens_per_s(rows)
     target_tokens = sum(row["tokens"] for row in rows)
     report = {
         "config": args.config,
