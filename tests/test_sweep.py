@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import tiny_run_overrides
 
-from transformer_jax import cli, sweep
+from transformer_jax import cli, machine, sweep
 from transformer_jax import workdir as ckpt
 from transformer_jax.train import loop
 
@@ -58,6 +58,7 @@ def test_sweep_resumes_an_interrupted_row_skips_finished_ones_and_tabulates(tmp_
         trained = ckpt.load_params(row.workdir)  # the oracle: the checkpoint's own arrays
         assert result["params"] == sum(np.size(leaf) for leaf in jax.tree.leaves(trained))
         assert result["updates"] == STEPS and result["train_minutes"] > 0
+        assert result["cpu"] == machine.cpu_model()  # once, though the resumed row logged its machine twice
         validations = [(r["step"], math.exp(r["nll"])) for r in metrics(row.workdir) if r["kind"] == "eval"]
         curve = sweep.validation_curve(row.workdir)
         assert [step for step, _ in curve] == [step for step, _ in validations] == [2, 4]

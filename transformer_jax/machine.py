@@ -9,14 +9,21 @@ import platform
 import jax
 
 
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo on Linux; the platform's processor string elsewhere)."""
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name and, where the name is all a virtual machine shows (e.g. 'AMD EPYC' for a Zen 4 and a
+    Zen 5 alike), its x86 family and model numbers: 'AMD EPYC (family 26, model 2)'. From /proc/cpuinfo on Linux;
+    the platform's processor string elsewhere."""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        with open(cpuinfo, encoding="utf-8") as f:
+            first = f.read().split("\n\n", 1)[0]  # the first processor's block
     except OSError:
-        names = []
-    return names[0] if names else platform.processor() or platform.machine()
+        return platform.processor() or platform.machine()
+    fields = dict(line.split(":", 1) for line in first.splitlines() if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in fields and "model" in fields:
+        return f"{name} (family {fields['cpu family']}, model {fields['model']})"
+    return name
 
 
 def describe() -> dict:

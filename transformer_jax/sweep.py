@@ -14,7 +14,8 @@ SLURM array); `--collect` builds the table from the row workdirs as they are. Th
 the first row (perplexity in %, BLEU in points; ours and the paper's), so the first row is the one the others
 change, and other rows in its group are its repeats (other seeds): the plot shades the spread they show, what chance
 alone moves a row. The overrides are applied as `--config.KEY=VALUE` would be: the sweep's, then the command line's,
-then the row's.
+then the row's. Each row names the CPU it trained on (a row resumed on another machine, both): its minutes compare
+with another row's only on one CPU.
 """
 
 from __future__ import annotations
@@ -169,6 +170,7 @@ def row_result(planned: PlannedRow) -> dict | None:
         "params": count_parameters(planned.experiment.model).total,
         "updates": steps,
         "train_minutes": _train_minutes(train_rows, steps),
+        "cpu": " + ".join(dict.fromkeys(row["cpu"] for row in rows if row.get("kind") == "machine")),
         "ppl": at_end["eval"]["perplexity"],
         "bleu": at_end["final_bleu"]["bleu"],
         "bleu_lowercase": at_end["final_bleu"]["bleu_lowercase"],
@@ -242,6 +244,7 @@ COLUMNS = (
     ("params", "params (M)", "{:.2f}"),
     ("updates", "updates", "{}"),
     ("train_minutes", "train minutes", "{:.1f}"),
+    ("cpu", "CPU", "{}"),
     ("ppl", "valid PPL", "{:.2f}"),
     ("ppl_change", "PPL vs row 1", "{:+.1%}"),
     ("bleu", "valid BLEU", "{:.2f}"),
