@@ -3,7 +3,9 @@ table built from what the runs logged; --dry-run commands and --collect for rows
 
 import json
 import math
+import os
 import shlex
+import signal
 from pathlib import Path
 
 import jax
@@ -74,6 +76,31 @@ def test_sweep_resumes_an_interrupted_row_skips_finished_ones_and_tabulates(tmp_
     assert cli.main(["sweep", str(sweep_file), "--workdir", str(out)]) == 0
     assert capsys.readouterr().out.count("finished, skipped") == 2
     assert [(row.workdir / "metrics.jsonl").read_bytes() for row in planned] == logs  # nothing re-ran
+
+
+def test_a_signal_stops_the_sweep_with_its_table_and_the_same_command_resumes_the_row(tmp_path, capsys, monkeypatch):
+    sweep_file = write_sweep_file(tmp_path / "grid.py", ROWS)
+    out = tmp_path / "runs"
+    train = loop.train
+
+    def train_with_sigterm_in_row_2(experiment, workdir, on_update=None):
+        def send_sigterm(update, _):
+            if Path(workdir).name == "a-h-1" and update == 2:
+                os.kill(os.getpid(), signal.SIGTERM)  # as a job scheduler's preemption would
+
+        return train(experiment, workdir, send_sigterm)
+
+    monkeypatch.setattr(loop, "train", train_with_sigterm_in_row_2)
+    assert cli.main(["sweep", str(sweep_file), "--workdir", str(out)]) == 143
+    said = capsys.readouterr().out
+    assert "sweep row 'A: h 1' stopped by SIGTERM at update" in said and "rerun the same command" in said
+    table = (out / "table.md").read_text()
+    assert "| base | (base) |" in table and f"| A | A: h 1 | not finished ({out / 'a-h-1'}) |" in table
+
+    monkeypatch.undo()
+    assert cli.main(["sweep", str(sweep_file), "--workdir", str(out)]) == 0
+    assert [row["step"] for row in metrics(out / "a-h-1") if row["kind"] == "train"] == [1, 2, 3, 4]  # resumed
+    assert [result["row"] for result in json.loads((out / "table.json").read_text())] == ["base", "A: h 1"]
 
 
 def test_a_rows_minutes_are_its_updates_at_the_median_seconds_per_update():
@@ -156,6 +183,7 @@ def test_rows_run_only_the_named_rows_and_the_table_keeps_every_row_and_row_1_as
     [
         ("SweepRow('x'), SweepRow('X')", "distinct"),
         ("SweepRow('base'), SweepRow('typo', {'model.num_head': 1})", "sweep row 'typo'"),
+        ("SweepRow('base'), SweepRow('timed', {'train.max_minutes': 5})", "'timed' has train.max_minutes=5"),
     ],
 )
 def test_a_bad_sweep_file_is_refused_before_any_work(tmp_path, capsys, rows, message):

@@ -379,7 +379,15 @@ def _run_sweep(args: argparse.Namespace) -> int:
         return 0
     if not args.collect:
         check_workdir(args.workdir, writable=True)
-        sweep.run(chosen, after_row=write_table)
+        try:
+            sweep.run(chosen, after_row=write_table)
+        except sweep.RowInterrupted as stop:
+            table, _ = write_table()
+            print(f"{stop}; the table ({table}) has the rows finished so far; rerun the same command to resume.")
+            return SIGNAL_EXIT_CODES[stop.signal_name]
+        except KeyboardInterrupt:  # before a row's training had started (it catches its own signals)
+            print("interrupted before a row's training started; rerun the same command to resume.", file=sys.stderr)
+            return SIGNAL_EXIT_CODES["SIGINT"]
     table, missing = write_table()
     print(table.read_text())
     print(f"wrote {table} (and .csv, .json, .png)" + (f"; {missing} rows not finished" if missing else ""))

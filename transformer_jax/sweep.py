@@ -5,17 +5,19 @@ A sweep file is a Python file whose `get_sweep()` returns a `Sweep` (experiments
     Sweep(config="multi30k.py", overrides={"train.steps": 2000},             # the base, for every row
           rows=(SweepRow("base"), SweepRow("A h 1", {"model.num_heads": 1}, group="A")))
 
-`transformer-jax sweep FILE --workdir DIR` trains each row in DIR/<row> (a finished row is skipped, an interrupted
-one resumed) and writes DIR/table.{md,csv,json,png} of every row, again after each row it trains; `--rows` runs only
-the rows it names. A row is scored as the paper's Table 3 is, by the training run itself on the validation split at
-its last update: perplexity per target token and BLEU of beam search (the experiment's decode section), no
-checkpoint averaging. `--dry-run` prints each row's `transformer-jax train` command (for separate hosts, jobs or a
-SLURM array); `--collect` builds the table from the row workdirs as they are. The table gives each row's change from
-the first row (perplexity in %, BLEU in points; ours and the paper's), so the first row is the one the others
-change, and other rows in its group are its repeats (other seeds): the plot shades the spread they show, what chance
-alone moves a row. The overrides are applied as `--config.KEY=VALUE` would be: the sweep's, then the command line's,
-then the row's. Each row names the CPU it trained on (a row resumed on another machine, both): its minutes compare
-with another row's only on one CPU.
+`transformer-jax sweep FILE --workdir DIR` trains each row in DIR/<row> (a finished row is skipped, an interrupted one
+resumed) and writes DIR/table.{md,csv,json,png} of every row, again after each row it trains; `--rows` runs only the
+rows it names. SIGTERM / SIGINT stop it as they stop `train` (the row's checkpoint saved, exit 143 / 130), with the
+table of the rows finished; the same command resumes. Rows are compared at equal updates, so a row with a time budget
+(train.max_minutes) is refused. A row is scored as the paper's Table 3 is, by the training run itself on the validation
+split at its last update: perplexity per target token and BLEU of beam search (the experiment's decode section), no
+checkpoint averaging. `--dry-run` prints each row's `transformer-jax train` command (for separate hosts, jobs or a SLURM
+array); `--collect` builds the table from the row workdirs as they are. The table gives each row's change from the first
+row (perplexity in %, BLEU in points; ours and the paper's), so the first row is the one the others change, and other
+rows in its group are its repeats (other seeds): the plot shades the spread they show, what chance alone moves a row.
+The overrides are applied as `--config.KEY=VALUE` would be: the sweep's, then the command line's, then the row's. Each
+row names the CPU it trained on (a row resumed on another machine, both): its minutes compare with another row's only on
+one CPU.
 """
 
 from __future__ import annotations
@@ -110,6 +112,12 @@ def plan(
             experiment = apply_overrides(base, texts)
         except ConfigError as error:
             raise ConfigError(f"sweep row {row.name!r}: {error}") from None
+        if experiment.train.max_minutes:
+            raise ConfigError(
+                f"sweep row {row.name!r} has train.max_minutes={experiment.train.max_minutes:g}: rows are compared "
+                "at equal updates (train.steps), so a time budget would end them at different ones; set "
+                "train.max_minutes=0 in the sweep's overrides."
+            )
         planned.append(PlannedRow(row, experiment, Path(workdir) / row.slug, texts))
     return sweep, config, planned
 
@@ -191,12 +199,22 @@ def _train_minutes(train_rows: list[dict], updates: int) -> float:
     return updates * statistics.median(per_update) / 60 if per_update else 0.0
 
 
+class RowInterrupted(Exception):
+    """A row's training stopped by SIGTERM / SIGINT: its checkpoint is saved and the sweep stops, to be run again."""
+
+    def __init__(self, row: str, signal_name: str, update: int):
+        super().__init__(f"sweep row {row!r} stopped by {signal_name} at update {update} (saved)")
+        self.signal_name = signal_name
+
+
 def finish_row(planned: PlannedRow) -> dict:
     """Trains the row (resuming its workdir) and, when the run reached its last update without scoring it (killed
-    between the two), scores it; returns row_result."""
+    between the two), scores it; returns row_result. RowInterrupted when a signal stopped the training."""
     from transformer_jax.train import loop
 
-    loop.train(planned.experiment, planned.workdir)
+    summary = loop.train(planned.experiment, planned.workdir)
+    if summary["interrupted"]:
+        raise RowInterrupted(planned.row.name, summary["interrupted"], summary["step"])
     result = row_result(planned)
     if result is None:
         _score_at_end(planned)
