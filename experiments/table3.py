@@ -7,12 +7,17 @@ The base is the shipped Multi30k model (experiments/multi30k.py: N 4+4, d_model 
 d_k = d_v = 32, P_drop 0.1, ε_ls 0.1) and every row changes it the way the paper's row changes its base (N 6,
 d_model 512, d_ff 2048, h 8, d_k = d_v = 64): A keeps h·d_k = d_model, B shrinks d_k alone, C scales depth and width
 (d_k = d_model / h), D the regularisers, E learned positions. As in the paper every row trains the same number of
-updates (2,000, the warm-up of 500 included: 0.8 s an update of the base on a 2-core AMD EPYC, so about 27 minutes a
-row and 8.5 hours the table, resumable; its figures do not depend on the machine's speed) and is scored at its last
+updates (2,000, the warm-up of 500 included: 0.55 s an update of the base on 2 cores of a Zen 5 EPYC, 0.8 s on a Zen
+4, so 18-27 minutes a row and 6-8.5 hours the table, resumable; its figures do not depend on the machine's speed, but
+another CPU's arithmetic moves them about as far as another seed does) and is scored at its last
 update on the validation split: perplexity per target token and beam search (§6.1: beam 4, α 0.6) without
 checkpoint averaging. A second seed of the base (initialisation, data order, dropout masks, the tokenizer's
 sampling) shows how far a row moves by chance alone: the paper gives one run a row. The paper's figures
 (newstest2013, 100K updates, PPL per wordpiece) are kept beside each row as `reference`.
+
+Each finished row's metrics.jsonl and config.json are committed in experiments/results/table3/<row>/, with the table
+built from them (`--workdir experiments/results/table3 --collect`); to go on with the table on another machine, copy
+them into the sweep's workdir first (`cp -r experiments/results/table3/. runs/table3/`): the sweep skips those rows.
 """
 
 from transformer_jax.sweep import Sweep, SweepRow
