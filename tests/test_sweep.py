@@ -138,6 +138,13 @@ def test_the_table_gives_each_rows_perplexity_relative_to_the_first_rows_ours_an
     assert not (tmp_path / "later" / "table.png").exists()
 
 
+def test_a_row_that_did_not_train_is_cut_at_the_scale_of_the_rows_that_did():
+    # perplexity changes in %: the base, two variations, a row at 1,275x the base's perplexity (C: N 6 did)
+    changes, off_scale = [0.0, 1.0, -3.0, 127_400.0], [False, False, False, True]
+    assert sweep.plot_limit(changes, off_scale) == pytest.approx(1.2 * 3.0)
+    assert sweep.plot_limit([0.0, 5.0], [False, True]) == 1.0  # nothing on the scale but row 1 itself
+
+
 def test_dry_run_commands_train_rows_elsewhere_and_collect_tabulates_them(tmp_path, capsys):
     sweep_file = write_sweep_file(tmp_path / "grid.py", ROWS)
     out = tmp_path / "runs"

@@ -28,7 +28,7 @@ import json
 import re
 import shlex
 import statistics
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -335,10 +335,19 @@ def validation_curve(workdir: Path) -> list[tuple[int, float]]:
     return sorted(points.items())
 
 
+OFF_SCALE_PPL = 2.0  # a row above twice row 1's perplexity did not train: its bars are cut at the others' scale
+
+
+def plot_limit(changes: Sequence[float], off_scale: Sequence[bool]) -> float:
+    """The half-height of a panel of changes: 1.2 times the largest of those not off the scale (1 if none)."""
+    return 1.2 * max((abs(change) for change, off in zip(changes, off_scale) if not off), default=0.0) or 1.0
+
+
 def plot_table(results: list[dict], path: Path, title: str = "") -> None:
     """The rows' changes from the first row (`with_changes`), perplexity (%) above and BLEU (points) below: ours as
     bars, one colour per group, the paper's as black diamonds where both rows have the paper's figure, and shaded,
-    the largest change among the first row's repeats (the other rows of its group)."""
+    the largest change among the first row's repeats (the other rows of its group). A row that did not train (above
+    OFF_SCALE_PPL times row 1's perplexity) is a hatched bar cut at the panel's edge, its change written on it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -347,24 +356,41 @@ def plot_table(results: list[dict], path: Path, title: str = "") -> None:
     groups = list(dict.fromkeys(result["group"] for result in results))
     colours = [plt.get_cmap("tab10")(groups.index(result["group"]) % 10) for result in results]
     names = [result["row"] for result in results]
+    off_scale = [result["ppl_change"] > OFF_SCALE_PPL - 1 for result in results]
     figure, axes = plt.subplots(2, 1, figsize=(max(6.0, 0.45 * len(results) + 2), 6), sharex=True)
-    for axis, key, scale, label in (
-        (axes[0], "ppl", 100, "perplexity vs row 1 (%)"),
-        (axes[1], "bleu", 1, "BLEU vs row 1"),
+    for axis, key, scale, label, form in (
+        (axes[0], "ppl", 100, "perplexity vs row 1 (%)", "{:+,.0f}%"),
+        (axes[1], "bleu", 1, "BLEU vs row 1", "{:+.1f}"),
     ):
         ours = [scale * result[f"{key}_change"] for result in results]
-        repeats = [abs(change) for change, result in zip(ours[1:], results[1:]) if result["group"] == groups[0]]
-        if repeats:
-            axis.axhspan(-max(repeats), max(repeats), color="grey", alpha=0.2, label="spread of row 1's repeats")
-        axis.bar(range(len(results)), ours, color=colours, label="ours (colour: group)")
         paper = [
             (i, scale * result[f"paper_{key}_change"])
             for i, result in enumerate(results)
             if f"paper_{key}_change" in result
         ]
+        limit = plot_limit(ours + [change for _, change in paper], off_scale + [False] * len(paper))
+        repeats = [abs(change) for change, result in zip(ours[1:], results[1:]) if result["group"] == groups[0]]
+        if repeats:
+            axis.axhspan(-max(repeats), max(repeats), color="grey", alpha=0.2, label="spread of row 1's repeats")
+        shown = [max(-limit, min(limit, change)) for change in ours]
+        bars = axis.bar(range(len(results)), shown, color=colours, label="ours (colour: group)")
+        for i, (bar, change, off) in enumerate(zip(bars, ours, off_scale)):
+            if off:
+                bar.set_hatch("//")
+                axis.text(
+                    i,
+                    shown[i] / 2,
+                    form.format(change),
+                    rotation=90,
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    backgroundcolor="white",
+                )
         if paper:
             axis.plot(*zip(*paper), "kD", markersize=5, label="paper")
         axis.axhline(0, color="grey", linewidth=1)
+        axis.set_ylim(-limit, limit)
         axis.set_ylabel(f"validation {label}")
         axis.legend(fontsize=8)
     axes[1].set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=8)
