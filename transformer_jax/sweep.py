@@ -335,7 +335,7 @@ def validation_curve(workdir: Path) -> list[tuple[int, float]]:
     return sorted(points.items())
 
 
-OFF_SCALE_PPL = 2.0  # a row above twice row 1's perplexity did not train: its bars are cut at the others' scale
+OFF_SCALE_PPL = 2.0  # a row above twice row 1's perplexity failed or lagged far: its bars cut at the others' scale
 
 
 def plot_limit(changes: Sequence[float], off_scale: Sequence[bool]) -> float:
@@ -346,8 +346,8 @@ def plot_limit(changes: Sequence[float], off_scale: Sequence[bool]) -> float:
 def plot_table(results: list[dict], path: Path, title: str = "") -> None:
     """The rows' changes from the first row (`with_changes`), perplexity (%) above and BLEU (points) below: ours as
     bars, one colour per group, the paper's as black diamonds where both rows have the paper's figure, and shaded,
-    the largest change among the first row's repeats (the other rows of its group). A row that did not train (above
-    OFF_SCALE_PPL times row 1's perplexity) is a hatched bar cut at the panel's edge, its change written on it."""
+    the largest change among the first row's repeats (the other rows of its group). A row that failed or lagged far
+    (above OFF_SCALE_PPL times row 1's perplexity) is a hatched bar cut at the panel's edge, its change on it."""
     import matplotlib
 
     matplotlib.use("Agg")
