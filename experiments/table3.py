@@ -58,7 +58,7 @@ def get_sweep() -> Sweep:
             row("B", "B: d_k 16", 5.01, 25.4, 60, key_dim=16, value_dim=32),
             row("C", "C: N 2", 6.11, 23.7, 36, **layers(2)),
             row("C", "C: N 6", 4.88, 25.5, 80, **layers(6)),
-            # Not in the paper: N 6 at half the base's peak learning rate (post-LN depth and a high rate, Xiong et al.
+            # Not in the paper: N 6 at half the base's peak learning rate (post-LN depth and a high rate, Liu et al.
             # 2020), since N 6 at the base's 4.9e-3 stopped learning at a unigram loss from update ~200; and the base
             # at half the rate, what N 6 at half the rate is to be read against.
             SweepRow(
