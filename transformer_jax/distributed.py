@@ -29,8 +29,6 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
-import numpy as np
-from jax.experimental import multihost_utils
 
 from transformer_jax.errors import UserError
 from transformer_jax.experiment import DistributedConfig
@@ -137,6 +135,8 @@ def _describe(cfg: DistributedConfig) -> str:
 # ends with this module's message (the watchdog) rather than the runtime's abort.
 _JAX_DEADLINE_GRACE_S = 15
 STARTUP_FAILED_EXIT_CODE = 3
+# Where each process posts the num_processes it was launched with, for _check_agreement.
+_AGREEMENT_KEY = "transformer_jax/launched_num_processes"
 _HINTS = (
     "Check that: process 0 is running and reachable at coordinator_address from every host (the same "
     "address for all processes, its port free on process 0's host and open in the firewall); all "
@@ -261,11 +261,23 @@ def initialize(section: DistributedConfig | None = None) -> ProcessInfo:
 
 def _check_agreement(cfg: DistributedConfig) -> str | None:
     """Every process must agree with the others on the process count: JAX takes the coordinator's count, so a
-    process launched with another one would join and then wait for peers that never come. Each process gathers
-    every launch's count (a collective over all processes' devices, under the start-up watchdog: a process that
-    never reaches it ends the others with the watchdog's message) and compares. Returns the problem, or None."""
-    counts = multihost_utils.process_allgather(np.asarray([cfg.num_processes], np.int32)).reshape(-1).tolist()
+    process launched with another one would join and then wait for peers that never come. Each process posts its
+    launch's count in the coordination service's key-value store and reads every other process's (under the
+    start-up watchdog: a process that never posts ends the others with the watchdog's message), then compares.
+    Not a device collective: one left unfinished by a peer that gave up keeps a gloo thread waiting, and the CPU
+    client's teardown at exit waits for it forever. Returns the problem, or None."""
+    # The coordination service's client, as jax's own array_serialization and orbax reach it.
+    from jax._src.distributed import global_state
+
+    client = global_state.client
+    assert client is not None, "called after jax.distributed.initialize, which makes the client"
     me = jax.process_index()
+    client.key_value_set(f"{_AGREEMENT_KEY}/{me}", str(cfg.num_processes))
+    wait_ms = int(cfg.initialization_timeout * 1000)
+    counts = [
+        cfg.num_processes if other == me else int(client.blocking_key_value_get(f"{_AGREEMENT_KEY}/{other}", wait_ms))
+        for other in range(jax.process_count())
+    ]
     different = {other: n for other, n in enumerate(counts) if n != cfg.num_processes}
     if not different:
         return None
