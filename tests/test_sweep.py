@@ -7,6 +7,7 @@ import os
 import shlex
 import signal
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import numpy as np
@@ -15,6 +16,8 @@ from conftest import tiny_run_overrides
 
 from transformer_jax import cli, machine, sweep
 from transformer_jax import workdir as ckpt
+from transformer_jax.experiment import ConfigError
+from transformer_jax.sweep import SweepRow
 from transformer_jax.train import loop
 
 TINY = Path(__file__).resolve().parents[1] / "experiments" / "tiny.py"
@@ -208,3 +211,12 @@ def test_a_file_with_a_syntax_error_is_one_line_naming_it(tmp_path, capsys, comm
     err = capsys.readouterr().err.strip()
     assert err.startswith("config error: ") and f"{broken}, line 2:" in err and "Traceback" not in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_rows_may_be_named_by_names_that_hold_commas():
+    names = ["A: h 8", "A: h 8, d_k 16", "B: d_k 8"]
+    planned = [SimpleNamespace(row=SweepRow(name)) for name in names]
+    chosen = sweep.select(planned, "B: d_k 8, A: h 8, d_k 16,a-h-8,,A: h 8")
+    assert [row.row.name for row in chosen] == ["B: d_k 8", "A: h 8, d_k 16", "A: h 8", "A: h 8"]
+    with pytest.raises(ConfigError, match=r"--rows \['d_k 32'\]: no such row.*'A: h 8, d_k 16' \(a-h-8-d-k-16\)"):
+        sweep.select(planned, "A: h 8, d_k 32")

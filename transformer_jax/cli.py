@@ -348,7 +348,8 @@ def _sweep_command(parser: argparse.ArgumentParser) -> Handler:
     parser.add_argument("--workdir", required=True, help="a workdir per row under it, and table.md/.csv/.json/.png")
     parser.add_argument(
         "--rows",
-        help="comma-separated row names to run or print commands for (default: every row); the table has every row",
+        help="comma-separated row names or workdir names to run or print commands for (default: every row); the table "
+        "has every row",
     )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print each row's `transformer-jax train` command")

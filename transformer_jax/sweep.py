@@ -123,15 +123,29 @@ def plan(
 
 
 def select(planned: list[PlannedRow], rows: str | None) -> list[PlannedRow]:
-    """The rows named (by name or workdir name) in the comma-separated `rows`, in that order; all of them if None."""
+    """The rows named (by name or workdir name) in the comma-separated `rows`, in that order; all of them if None.
+    A name may hold commas itself ("A: h 8, d_k 16"): at each place the longest run of pieces that names a row wins."""
     if not rows:
         return planned
     by_name = {key: row for row in planned for key in (row.row.name, row.row.slug)}
-    wanted = [name.strip() for name in rows.split(",") if name.strip()]
-    unknown = [name for name in wanted if name not in by_name]
+    pieces = rows.split(",")
+    joined = lambda start, end: ",".join(pieces[start:end]).strip()  # noqa: E731
+    chosen, unknown, start = [], [], 0
+    while start < len(pieces):
+        end = next((end for end in range(len(pieces), start, -1) if joined(start, end) in by_name), None)
+        if end is None:
+            unknown += [joined(start, start + 1)] if joined(start, start + 1) else []
+            end = start + 1
+        else:
+            chosen.append(by_name[joined(start, end)])
+        start = end
     if unknown:
-        raise ConfigError(f"--rows {unknown}: no such row; rows: {[row.row.name for row in planned]}.")
-    return [by_name[name] for name in wanted]
+        raise ConfigError(
+            f"--rows {unknown}: no such row; name rows by name or by workdir name: "
+            + ", ".join(f"{row.row.name!r} ({row.row.slug})" for row in planned)
+            + "."
+        )
+    return chosen
 
 
 def train_command(config: Path, planned: PlannedRow) -> str:
