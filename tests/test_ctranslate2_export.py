@@ -63,9 +63,19 @@ def ct2_translate(translator, tokenizer, ids, max_len, **options):
     return hypotheses, list(result.scores)
 
 
-def our_greedy(model, params, ids):
-    tokens, lengths = greedy_decode(model, params, np.array([ids], np.int32), config=DECODE)
-    return np.asarray(tokens)[0, : int(lengths[0])].tolist()
+def padded_batch(sources, pad_id):
+    """[len(sources), longest] int32: the sources as one batch (one compile, where a batch per sentence would
+    compile once per source length); each sentence's length limit is its own (decoding.per_sentence_limits)."""
+    batch = np.full((len(sources), max(map(len, sources))), pad_id, np.int32)
+    for row, ids in zip(batch, sources):
+        row[: len(ids)] = ids
+    return batch
+
+
+def our_greedy(model, params, sources):
+    """Our greedy outputs of every source, as id lists (EOS kept)."""
+    tokens, lengths = greedy_decode(model, params, padded_batch(sources, model.config.pad_id), config=DECODE)
+    return [row[:length].tolist() for row, length in zip(np.asarray(tokens), np.asarray(lengths))]
 
 
 def greedy_agreement(model_config, params, tokenizer, directory, sources):
@@ -73,9 +83,9 @@ def greedy_agreement(model_config, params, tokenizer, directory, sources):
     model = Transformer(model_config.replace(dropout_rate=0.0))
     translator = ctranslate2.Translator(str(directory))
     same = 0
-    for ids in sources:
+    for ids, ours in zip(sources, our_greedy(model, params, sources)):
         theirs, _ = ct2_translate(translator, tokenizer, ids, model_config.max_len, beam_size=1)
-        same += our_greedy(model, params, ids) == theirs[0]
+        same += ours == theirs[0]
     return same
 
 
@@ -148,11 +158,11 @@ def test_beam_differences_are_search_differences_not_model_differences(trained, 
     model = Transformer(model_config.replace(dropout_rate=0.0))
     translator = ctranslate2.Translator(str(output))
     piece = tokenizer.processor.id_to_piece
+    sequences, scores = beam_search(model, params, padded_batch(sources, model_config.pad_id), config=DECODE)
     same = 0
-    for ids in sources:
-        sequences, scores = beam_search(model, params, np.array([ids], np.int32), config=DECODE)
-        ours = [token for token in np.asarray(sequences)[0, 0].tolist() if token != model_config.pad_id]
-        ours_score = float(scores[0, 0])
+    for ids, hypothesis, score in zip(sources, np.asarray(sequences)[:, 0], np.asarray(scores)[:, 0]):
+        ours = [token for token in hypothesis.tolist() if token != model_config.pad_id]
+        ours_score = float(score)
         hypotheses, raw = ct2_translate(
             translator, tokenizer, ids, model_config.max_len, beam_size=4, num_hypotheses=4, length_penalty=0
         )
