@@ -127,10 +127,13 @@ def test_the_table_gives_each_rows_perplexity_relative_to_the_first_rows_ours_an
     the_sweep, _, planned = sweep.plan(sweep_file, tmp_path / "runs")
     base = {"group": "base", "row": "base", "ppl": 7.56, "bleu": 33.6, "paper_ppl": 4.92, "paper_bleu": 25.8}
     h1 = {"group": "A", "row": "A: h 1", "ppl": 7.64, "bleu": 33.8, "paper_ppl": 5.29, "paper_bleu": 24.9}
+    for result, minutes in ((base, 27.3), (h1, 28.3)):
+        result.update(updates=2000, train_minutes=minutes)
     table = sweep.write_table(the_sweep, planned, [base, h1], tmp_path / "out").read_text()
     # by hand: 7.64 / 7.56 = 1.0106, 5.29 / 4.92 = 1.0752; 33.8 - 33.6 = 0.2, 24.9 - 25.8 = -0.9
     assert "| 7.64 | +1.1% | 33.80 | +0.20 | 5.29 | +7.5% | 24.9 | -0.9 |" in table
     assert "| 7.56 | +0.0% | 33.60 | +0.00 | 4.92 | +0.0% | 25.8 | +0.0 |" in table
+    assert table.endswith("\n2 of 2 rows finished: 4,000 updates, 55.6 train minutes in all.\n")  # 27.3 + 28.3
     saved = json.loads((tmp_path / "out" / "table.json").read_text())
     assert saved[1]["ppl_change"] == pytest.approx(0.010582, abs=1e-6)
     assert saved[1]["paper_ppl_change"] == pytest.approx(0.075203, abs=1e-6)
@@ -138,6 +141,7 @@ def test_the_table_gives_each_rows_perplexity_relative_to_the_first_rows_ours_an
 
     unfinished_base = sweep.write_table(the_sweep, planned, [None, h1], tmp_path / "later").read_text()
     assert "| base | not finished" in unfinished_base and "vs row 1" not in unfinished_base
+    assert "1 of 2 rows finished: 2,000 updates, 28.3 train minutes in all." in unfinished_base
     assert not (tmp_path / "later" / "table.png").exists()
 
 

@@ -308,8 +308,9 @@ def with_changes(results: list[dict | None]) -> list[dict | None]:
 
 
 def write_table(sweep: Sweep, planned: list[PlannedRow], results: list[dict | None], directory: Path) -> Path:
-    """DIR/table.md (rows not finished marked so), table.csv and table.json (finished rows), table.png (once row 1
-    has finished) and curves.png (every row that has validated)."""
+    """DIR/table.md (rows not finished marked so; the updates and minutes of those finished in its last line),
+    table.csv and table.json (finished rows), table.png (once row 1 has finished) and curves.png (every row that has
+    validated)."""
     directory.mkdir(parents=True, exist_ok=True)
     results = with_changes(results)
     done = [result for result in results if result is not None]
@@ -327,6 +328,11 @@ def write_table(sweep: Sweep, planned: list[PlannedRow], results: list[dict | No
                 value /= 1e6
             cells.append("" if value is None else form.format(value))
         lines.append("| " + " | ".join(cells) + " |")
+    updates = sum(result.get("updates", 0) for result in done)
+    minutes = sum(result.get("train_minutes", 0.0) for result in done)
+    lines.append(
+        f"\n{len(done)} of {len(planned)} rows finished: {updates:,} updates, {minutes:.1f} train minutes in all."
+    )
     (directory / f"{TABLE}.md").write_text("\n".join(lines).lstrip("\n") + "\n")
     (directory / f"{TABLE}.json").write_text(json.dumps(done, indent=2))
     with open(directory / f"{TABLE}.csv", "w", newline="") as f:
