@@ -69,6 +69,9 @@ def get_sweep() -> Sweep:
             SweepRow("C: N 4, half peak rate", {"optimizer.lr_scale": 0.625}, "C"),
             row("C", "C: d_model 64", 5.75, 24.5, 28, d_model=64),
             row("C", "C: d_model 256", 4.66, 26.0, 168, d_model=256),
+            # Not in the paper: d_model 256 at half the peak rate, since at the base's rate it learned more slowly
+            # than the base from update ~550 on, just after its rate peaked.
+            SweepRow("C: d_model 256, half peak rate", {"model.d_model": 256, "optimizer.lr_scale": 0.625}, "C"),
             row("C", "C: d_ff 128", 5.12, 25.4, 53, d_ff=128),
             row("C", "C: d_ff 512", 4.75, 26.2, 90, d_ff=512),
             row("D", "D: P_drop 0.0", 5.77, 24.6, dropout_rate=0.0),
