@@ -9,7 +9,7 @@ P_drop 0.1, ε_ls 0.1) and every row changes it the way the paper's row changes 
 regularisers, E learned positions; rows beyond the paper's, at half the peak rate (A: h 8 and h 16, C: N 6, d_model
 256, and the base itself as their control), tell whether the rows that fell behind at the base's rate paid for the
 rate. As in the paper every row trains the same number of updates (2,000, the warm-up of 500 included: 0.55 s an
-update of the base on 2 cores of a Zen 5 EPYC, 0.8 s on a Zen 4, so 18-40 minutes a row and 9-10 hours the table,
+update of the base on 2 cores of a Zen 5 EPYC, 0.8 s on a Zen 4, so 18-40 minutes a row and 10-11 hours the table,
 resumable; its figures do not depend on the machine's speed, but another CPU's arithmetic moves them
 about as far as another seed does) and is scored at its last update on the validation split: perplexity per target token
 and beam search (§6.1: beam 4, α 0.6) without checkpoint averaging. A second seed of the base (initialisation, data
