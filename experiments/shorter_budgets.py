@@ -6,9 +6,10 @@ train.max_minutes counts from the start of `train`, and the §5.3 schedule has n
 same recipe and seed trains the same first updates as a longer one (same batches, same dropout masks) and stops
 at the last update before T minutes. For each budget T (and the run's own), this script takes what that run's
 `transformer-jax average --best K --metric perplexity` would have taken, the K checkpoints of lowest validation
-perplexity among those validated by T minutes, averages them into WORKDIR/budgets/{T}min and scores the average
-like experiments/multi30k.sh (beam 5, α 1.0 by default). One difference from a real T-minute run: that run also
-saves and validates the update it stops at, which is a candidate here only if it was a checkpoint step.
+perplexity among those validated by T minutes, averages them into WORKDIR/budgets/{T}min (the run's own:
+budgets/run) and scores the average like experiments/multi30k.sh (beam 5, α 1.0 by default). One difference from
+a real T-minute run: that run also saves and validates the update it stops at, which is a candidate here only if
+it was a checkpoint step.
 
 WORKDIR is the run trained in one go (a resumed run's minutes restart) that still holds the chosen checkpoints:
 train with --config.train.keep_best high enough to keep them all (the budgets' choices are checked before any
@@ -43,22 +44,25 @@ def validated_by(rows: list[dict], minutes: float) -> dict[int, float]:
     }
 
 
-def budget_choices(rows: list[dict], budgets: list[float], best: int) -> list[dict]:
-    """Per budget: the last update it validated and the `best` steps of lowest perplexity among those validated."""
+def budget_choices(rows: list[dict], budgets: dict[str, float], best: int) -> list[dict]:
+    """Per budget ({name: minutes}): the last update it validated and the `best` steps of lowest perplexity among
+    those validated."""
     choices = []
-    for minutes in budgets:
+    for name, minutes in budgets.items():
         scores = validated_by(rows, minutes)
         if not scores:
             raise UsageError(f"--minutes {minutes:g}: the run had validated nothing by then; give a longer budget.")
         steps = best_steps(scores, scores, best, "perplexity")
-        choices.append({"minutes": minutes, "last_validated": max(scores), "averaged": steps, "scores": scores})
+        choices.append(
+            {"name": name, "minutes": minutes, "last_validated": max(scores), "averaged": steps, "scores": scores}
+        )
     return choices
 
 
 def score_average(run: Path, choice: dict, split: str, beam_size: int, alpha: float) -> dict:
-    """Averages the choice's checkpoints into run/budgets/{T}min (config.json and spm.model beside them) and
+    """Averages the choice's checkpoints into run/budgets/{name} (config.json and spm.model beside them) and
     scores the average on `split` with `transformer-jax evaluate`; returns the evaluation's JSON."""
-    target = run / BUDGETS_DIR / f"{choice['minutes']:g}min"
+    target = run / BUDGETS_DIR / choice["name"]
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
     for name in (workdir.CONFIG_FILENAME, "spm.model"):
@@ -124,7 +128,8 @@ def main(argv: list[str] | None = None) -> dict:
     too_long = [m for m in args.minutes if m >= full]
     if too_long:
         raise UsageError(f"--minutes {too_long}: the run lasted {full:.1f} minutes; give shorter budgets.")
-    choices = budget_choices(rows, sorted(args.minutes) + [full], args.best)
+    named = {f"{minutes:g}min": minutes for minutes in sorted(args.minutes)} | {"run": full}
+    choices = budget_choices(rows, named, args.best)
     kept = {int(path.name) for path in (run / CHECKPOINT_DIR).iterdir() if path.name.isdigit()}
     missing = sorted({step for choice in choices for step in choice["averaged"]} - kept)
     if missing:

@@ -54,7 +54,7 @@ def test_each_budget_averages_the_best_checkpoints_validated_by_then(run):
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6), averaged, mean)
     for budget_row in report["budgets"]:
         assert 0.0 <= budget_row["bleu_lowercase"] <= 100.0
-    assert (run / "budgets" / "budgets.png").stat().st_size > 0
+    assert (run / "budgets" / "run" / "averaged").is_dir() and (run / "budgets" / "budgets.png").stat().st_size > 0
 
 
 def test_refuses_missing_checkpoints_and_budgets_past_the_run(run, tmp_path):
