@@ -29,19 +29,10 @@ from transformer_jax import cli, workdir
 from transformer_jax.checkpoint import CHECKPOINT_DIR
 from transformer_jax.errors import UsageError
 from transformer_jax.machine import cpu_model
-from transformer_jax.selection import best_steps
+from transformer_jax.selection import best_steps, validation_scores
 from transformer_jax.train.progress import read_metrics
 
 BUDGETS_DIR = "budgets"
-
-
-def validated_by(rows: list[dict], minutes: float) -> dict[int, float]:
-    """{update: validation perplexity} of the validations logged within `minutes` of the start of `train`."""
-    return {
-        row["step"]: float(row["perplexity"])
-        for row in rows
-        if row["kind"] == "eval" and "perplexity" in row and row["elapsed_s"] <= 60.0 * minutes
-    }
 
 
 def budget_choices(rows: list[dict], budgets: dict[str, float], best: int) -> list[dict]:
@@ -49,7 +40,7 @@ def budget_choices(rows: list[dict], budgets: dict[str, float], best: int) -> li
     those validated."""
     choices = []
     for name, minutes in budgets.items():
-        scores = validated_by(rows, minutes)
+        scores = validation_scores(rows, "perplexity", within_s=60.0 * minutes)
         if not scores:
             raise UsageError(f"--minutes {minutes:g}: the run had validated nothing by then; give a longer budget.")
         steps = best_steps(scores, scores, best, "perplexity")
@@ -124,6 +115,8 @@ def main(argv: list[str] | None = None) -> dict:
     rows = read_metrics(run)
     if not rows:
         raise UsageError(f"{run / 'metrics.jsonl'} is missing or empty: give the workdir of a finished train run.")
+    if not (run / CHECKPOINT_DIR).is_dir():
+        raise UsageError(f"{run / CHECKPOINT_DIR} not found: give the workdir of a train run that kept its checkpoints.")
     full = max(row["elapsed_s"] for row in rows) / 60.0
     too_long = [m for m in args.minutes if m >= full]
     if too_long:
@@ -157,7 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
         "decoding": f"beam {args.beam_size}, alpha {args.alpha}",
         "best": args.best,
         "budgets": budgets,
-        "validation_perplexity": {str(step): value for step, value in validated_by(rows, full).items()},
+        "validation_perplexity": {str(step): value for step, value in validation_scores(rows, "perplexity").items()},
     }
     out = run / BUDGETS_DIR
     (out / "budgets.json").write_text(json.dumps(report, indent=2))

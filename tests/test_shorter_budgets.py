@@ -69,3 +69,8 @@ def test_refuses_missing_checkpoints_and_budgets_past_the_run(run, tmp_path):
     with pytest.raises(UsageError, match=r"lacks checkpoints \[2"):
         shorter_budgets.main([str(thinned), "--minutes", str(first + 1e-6)])
     assert not (thinned / "budgets").exists()  # refused before averaging or decoding anything
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "metrics.jsonl").write_bytes((run / "metrics.jsonl").read_bytes())
+    with pytest.raises(UsageError, match="checkpoints not found"):
+        shorter_budgets.main([str(bare), "--minutes", str(first + 1e-6)])

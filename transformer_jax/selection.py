@@ -12,10 +12,7 @@ a longer run can only add candidates; `transformer-jax average --best K` average
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Literal
-
-from transformer_jax.train.progress import read_metrics
 
 BestMetric = Literal["perplexity", "bleu"]
 # metric -> (the metrics.jsonl row kind, its field, which way is better)
@@ -25,10 +22,15 @@ BEST_METRICS: dict[str, tuple[str, str, Literal["min", "max"]]] = {
 }
 
 
-def validation_scores(workdir: str | Path, metric: BestMetric) -> dict[int, float]:
-    """{update: the metric's value} of every validation the run in `workdir` logged (the last, if logged twice)."""
+def validation_scores(rows: Iterable[dict], metric: BestMetric, within_s: float | None = None) -> dict[int, float]:
+    """{update: the metric's value} of every validation in a run's metrics.jsonl `rows` (the last, if logged twice),
+    or of those logged within `within_s` seconds of the start of `train`."""
     kind, field, _ = BEST_METRICS[metric]
-    return {row["step"]: float(row[field]) for row in read_metrics(workdir) if row["kind"] == kind and field in row}
+    return {
+        row["step"]: float(row[field])
+        for row in rows
+        if row["kind"] == kind and field in row and (within_s is None or row["elapsed_s"] <= within_s)
+    }
 
 
 def best_steps(scores: Mapping[int, float], candidates: Iterable[int], k: int, metric: BestMetric) -> list[int]:

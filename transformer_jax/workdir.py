@@ -36,6 +36,7 @@ from transformer_jax.config import ModelConfig
 from transformer_jax.errors import UsageError, UserError
 from transformer_jax.experiment import ConfigError, Experiment, OptimizerConfig
 from transformer_jax.selection import BestMetric, best_steps, validation_scores
+from transformer_jax.train.progress import read_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -317,7 +318,7 @@ def run_best_metric(workdir: str | Path) -> BestMetric:
 def best_checkpoints(workdir: str | Path, k: int, metric: BestMetric) -> list[int]:
     """The `k` kept checkpoints with the best validation `metric` (selection.py), in step order."""
     available = _kept_steps(workdir)
-    steps = best_steps(validation_scores(workdir, metric), available, k, metric)
+    steps = best_steps(validation_scores(read_metrics(workdir), metric), available, k, metric)
     if not steps:
         raise FileNotFoundError(
             f"none of the checkpoints {available} in {workdir} has a validation {metric} in metrics.jsonl: the run "
