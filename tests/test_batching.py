@@ -97,24 +97,6 @@ def test_seed_determinism_and_epochs():
     assert same_a[1][0] == first_inputs(4)[0][0]  # ... exactly as epoch 0 of seed + 1 does
 
 
-def test_part_full_batches_are_spread_through_the_epoch():
-    pairs = random_pairs(2000)
-    batches = TrainBatches(pairs, tokens_per_batch=BUDGET, max_len=MAX_LEN, seed=2)
-    bucket_sizes = collections.Counter(  # brute force: the shortest bucket that holds each kept pair (eos included)
-        min(b for b in batches.boundaries if b >= max(len(s), len(t)) + 1)
-        for s, t in pairs
-        if max(len(s), len(t)) + 1 <= MAX_LEN
-    )
-    part_full_buckets = sum(count % batches.rows[length] != 0 for length, count in bucket_sizes.items())
-    at_the_end = []
-    for epoch in range(4):
-        plan = batches.epoch_plan(epoch)
-        part_full = [i for i, (length, rows) in enumerate(plan) if len(rows) < batches.rows[length]]
-        assert len(part_full) == part_full_buckets > 3
-        at_the_end.append(part_full == list(range(len(plan) - len(part_full), len(plan))))
-    assert not any(at_the_end)
-
-
 def test_too_small_budget_names_the_fix():
     with pytest.raises(ValueError, match="at least 256"):
         TrainBatches(random_pairs(10), tokens_per_batch=100, max_len=MAX_LEN, batch_multiple=4)
