@@ -201,15 +201,8 @@ class TrainBatches:
         return self._plan
 
     def _make_plan(self, examples: _EpochExamples, epoch: int) -> list[tuple[int, list[Row]]]:
-        """The epoch's pairs shuffled into batches, then the batches shuffled.
-
-        Filling leaves one part-full batch per bucket (or one last packed batch) at the end; shuffling the batches
-        spreads them through the epoch instead of a burst of small, length-sorted updates at every epoch's end.
-        """
-        rng = np.random.default_rng(self.seed + epoch)
-        order = examples.kept[rng.permutation(len(examples.kept))]
-        plan = self._pack_plan(order, examples.lengths) if self.pack else self._bucket_plan(order, examples.lengths)
-        return [plan[i] for i in rng.permutation(len(plan))]
+        order = examples.kept[np.random.default_rng(self.seed + epoch).permutation(len(examples.kept))]
+        return self._pack_plan(order, examples.lengths) if self.pack else self._bucket_plan(order, examples.lengths)
 
     def _bucket_plan(self, order: np.ndarray, lengths: np.ndarray) -> list[tuple[int, list[Row]]]:
         bucket_of = np.searchsorted(self.boundaries, lengths.max(axis=1))  # [pairs]
