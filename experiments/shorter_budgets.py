@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
     if not rows:
         raise UsageError(f"{run / 'metrics.jsonl'} is missing or empty: give the workdir of a finished train run.")
     if not (run / CHECKPOINT_DIR).is_dir():
-        raise UsageError(f"{run / CHECKPOINT_DIR} not found: give the workdir of a train run that kept its checkpoints.")
+        raise UsageError(f"{run / CHECKPOINT_DIR} not found: give a train run that kept its checkpoints.")
     full = max(row["elapsed_s"] for row in rows) / 60.0
     too_long = [m for m in args.minutes if m >= full]
     if too_long:
