@@ -123,8 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
         raise UsageError(f"--minutes {too_long}: the run lasted {full:.1f} minutes; give shorter budgets.")
     named = {f"{minutes:g}min": minutes for minutes in sorted(args.minutes)} | {"run": full}
     choices = budget_choices(rows, named, args.best)
-    kept = {int(path.name) for path in (run / CHECKPOINT_DIR).iterdir() if path.name.isdigit()}
-    missing = sorted({step for choice in choices for step in choice["averaged"]} - kept)
+    missing = sorted({step for choice in choices for step in choice["averaged"]} - set(workdir.kept_steps(run)))
     if missing:
         raise UsageError(
             f"{run / CHECKPOINT_DIR} lacks checkpoints {missing} that these budgets average: train with "

@@ -298,7 +298,8 @@ def average_params(workdir: str | Path, steps: list[int] | None = None, last: in
         checkpointer.close()
 
 
-def _kept_steps(workdir: str | Path) -> list[int]:
+def kept_steps(workdir: str | Path) -> list[int]:
+    """The steps of the checkpoints the run in `workdir` still holds, oldest first."""
     if not (Path(workdir) / CHECKPOINT_DIR).is_dir():
         raise FileNotFoundError(
             f"{Path(workdir) / CHECKPOINT_DIR} not found: is {workdir} the --workdir of a `transformer-jax train` run?"
@@ -317,7 +318,7 @@ def run_best_metric(workdir: str | Path) -> BestMetric:
 
 def best_checkpoints(workdir: str | Path, k: int, metric: BestMetric) -> list[int]:
     """The `k` kept checkpoints with the best validation `metric` (selection.py), in step order."""
-    available = _kept_steps(workdir)
+    available = kept_steps(workdir)
     steps = best_steps(validation_scores(read_metrics(workdir), metric), available, k, metric)
     if not steps:
         raise FileNotFoundError(
@@ -354,7 +355,7 @@ def average_last(workdir: str | Path, last: int, *, from_fraction: float = 0.0) 
         raise ValueError(f"last={last}: average 1 or more of the latest checkpoints.")
     if not 0.0 <= from_fraction <= 1.0:
         raise ValueError(f"from_fraction={from_fraction}: give a fraction of the run in [0, 1].")
-    available = _kept_steps(workdir)
+    available = kept_steps(workdir)
     first = from_fraction * available[-1] if available else 0.0
     steps = [step for step in available if step >= first][-last:]
     if len(steps) < last:
