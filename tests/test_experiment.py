@@ -85,6 +85,7 @@ def test_overrides_are_parsed_by_the_fields_type():
         (("data.max_len", "1024"), "data.max_len=1024 exceeds the model's max_len=512"),
         (("mesh.mode", "pmap"), None),  # fine alone; with fsdp > 1 below it is not
         (("optimizer.lr_scale", "-1"), "optimizer.lr_scale=-1.0 must be positive"),
+        (("optimizer.weight_decay", "-0.1"), "optimizer.weight_decay=-0.1 must be non-negative (0: Adam"),
         (("decode.beam_size", "0"), "decode.beam_size=0 must be a positive integer"),
     ],
 )
@@ -140,13 +141,13 @@ def test_config_json_of_version_0_1_replays_and_resumes(tmp_path):
 
 def test_config_json_from_before_a_field_existed_resumes_as_its_default(tmp_path):
     """A workdir written before ModelConfig.key_dim/value_dim (issue #25) ran d_k = d_v = d_model / num_heads, one
-    written before the cool-down (issue #24) ran without one: absent fields load as their defaults (None; 0) and
+    written before the cool-down and weight decay (issue #24) ran without them: absent fields load as their defaults (None; 0) and
     resume with today's default config with nothing to report, while a real change is still refused."""
     today = load_experiment(EXPERIMENTS / "tiny.py").to_dict()
     assert today["model"]["key_dim"] is None and today["optimizer"]["cooldown_start"] == 0
     old = json.loads(json.dumps(today))
     del old["model"]["key_dim"], old["model"]["value_dim"]
-    del old["optimizer"]["cooldown_start"], old["optimizer"]["cooldown_steps"]
+    del old["optimizer"]["cooldown_start"], old["optimizer"]["cooldown_steps"], old["optimizer"]["weight_decay"]
     (tmp_path / "config.json").write_text(json.dumps(old))
     assert load_config_file(tmp_path / "config.json").to_dict() == today
     assert resume_changes(load_config(tmp_path), today) == ([], [])

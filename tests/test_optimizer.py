@@ -74,3 +74,14 @@ def test_the_cooldown_scales_the_schedule_linearly_to_zero_after_its_start():
     expected |= {5004: 0.25 * paper(5004), 5005: 0.0, 6000: 0.0}
     for step, lrate in expected.items():
         assert float(schedule(step - 1)) == pytest.approx(lrate, rel=1e-6, abs=1e-12), step
+
+
+def test_weight_decay_is_adamw_decoupled_from_the_adam_step():
+    tx, _ = make_optimizer(optimizer_cfg(weight_decay=0.1), d_model=512)
+    params = {"w": jnp.array([1.0, -2.0, 3.0])}
+    grads = {"w": jnp.array([0.5, -0.25, 2.0])}
+    updates, state = tx.update(grads, tx.init(params), params)
+    # AdamW (Loshchilov & Hutter 2019, torch.optim.AdamW): -lr * (Adam's sign(g) on the first step + wd * w);
+    # the decay does not pass through Adam's moments.
+    np.testing.assert_allclose(updates["w"], -paper_lr(1) * (np.sign(grads["w"]) + 0.1 * params["w"]), rtol=1e-6)
+    np.testing.assert_allclose(state[-1][0].mu["w"], 0.1 * grads["w"], rtol=1e-6)

@@ -129,7 +129,7 @@ class OptimizerConfig(_Section):
 
     lrate = lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5); no clipping in the paper.
     An optional cool-down (not in the paper) scales it down linearly to zero over the cooldown_steps updates after
-    update cooldown_start.
+    update cooldown_start; optional decoupled weight decay (AdamW, not in the paper either).
     """
 
     section: ClassVar[str] = "optimizer"
@@ -143,10 +143,16 @@ class OptimizerConfig(_Section):
     clip_grad_norm: float = 0.0  # global-norm clipping; 0 = off
     cooldown_start: int = 0  # the last update at the full schedule
     cooldown_steps: int = 0  # updates of the linear cool-down after it; 0 = none (the paper's schedule)
+    weight_decay: float = 0.0  # AdamW's decoupled decay of every parameter, times the learning rate; 0 = Adam
 
     def _validate(self) -> None:
         if self.lr_scale <= 0:
             raise ConfigError(f"optimizer.lr_scale={self.lr_scale} must be positive.")
+        if self.weight_decay < 0:
+            raise ConfigError(
+                f"optimizer.weight_decay={self.weight_decay} must be non-negative (0: Adam, as in the paper; "
+                "AdamW runs usually take 0.0001-0.1)."
+            )
         if self.cooldown_start < 0 or self.cooldown_steps < 0:
             raise ConfigError(
                 f"optimizer.cooldown_start={self.cooldown_start} and cooldown_steps={self.cooldown_steps} must be "

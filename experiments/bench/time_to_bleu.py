@@ -70,11 +70,18 @@ def batch_tensors(batch, device: str = "cpu") -> list:
 
 def torch_update_fn(experiment, model, step_model):
     """update(tensors, lr) -> (target tokens, source tokens): one torch update of `model` (its forward through
-    `step_model`, the model itself or its torch.compile), the recipe's loss, Adam and clipping."""
+    `step_model`, the model itself or its torch.compile), the recipe's loss, Adam (AdamW with weight decay) and clipping."""
     import torch
 
     cfg, train_cfg, opt_cfg = model.config, experiment.train, experiment.optimizer
-    adam = torch.optim.Adam(model.parameters(), lr=0.0, betas=(opt_cfg.adam_b1, opt_cfg.adam_b2), eps=opt_cfg.adam_eps)
+    adam_class = torch.optim.AdamW if opt_cfg.weight_decay > 0 else torch.optim.Adam  # as make_optimizer
+    adam = adam_class(
+        model.parameters(),
+        lr=0.0,
+        betas=(opt_cfg.adam_b1, opt_cfg.adam_b2),
+        eps=opt_cfg.adam_eps,
+        weight_decay=opt_cfg.weight_decay,
+    )
     smoothed = torch.nn.CrossEntropyLoss(
         label_smoothing=train_cfg.label_smoothing, ignore_index=cfg.pad_id, reduction="sum"
     )
