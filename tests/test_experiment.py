@@ -141,8 +141,8 @@ def test_config_json_of_version_0_1_replays_and_resumes(tmp_path):
 
 def test_config_json_from_before_a_field_existed_resumes_as_its_default(tmp_path):
     """A workdir written before ModelConfig.key_dim/value_dim (issue #25) ran d_k = d_v = d_model / num_heads, one
-    written before the cool-down and weight decay (issue #24) ran without them: absent fields load as their defaults (None; 0) and
-    resume with today's default config with nothing to report, while a real change is still refused."""
+    written before the cool-down and weight decay (issue #24) ran without them: absent fields load as their defaults
+    (None; 0) and resume with today's default config with nothing to report, while a real change is still refused."""
     today = load_experiment(EXPERIMENTS / "tiny.py").to_dict()
     assert today["model"]["key_dim"] is None and today["optimizer"]["cooldown_start"] == 0
     old = json.loads(json.dumps(today))

@@ -70,7 +70,8 @@ def batch_tensors(batch, device: str = "cpu") -> list:
 
 def torch_update_fn(experiment, model, step_model):
     """update(tensors, lr) -> (target tokens, source tokens): one torch update of `model` (its forward through
-    `step_model`, the model itself or its torch.compile), the recipe's loss, Adam (AdamW with weight decay) and clipping."""
+    `step_model`, the model itself or its torch.compile), the recipe's loss, Adam (AdamW with weight decay) and
+    clipping."""
     import torch
 
     cfg, train_cfg, opt_cfg = model.config, experiment.train, experiment.optimizer
