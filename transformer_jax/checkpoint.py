@@ -25,6 +25,9 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = "checkpoints"
 
+# jax 0.12.1 deprecates constructing SingleDeviceSharding directly in favour of make_single_device_sharding.
+_single_device_sharding = getattr(jax.sharding, "make_single_device_sharding", None) or jax.sharding.SingleDeviceSharding
+
 
 class CheckpointMismatchError(UserError, ValueError):
     """A saved checkpoint does not fit the configured model."""
@@ -261,7 +264,7 @@ def on_first_device(metadata_tree: Any) -> Any:
 
     Restoring without a target makes orbax reuse the saved shardings, which only exist on the saving topology.
     """
-    sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    sharding = _single_device_sharding(jax.local_devices()[0])
     return jax.tree.map(
         lambda leaf: jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype, sharding=sharding),
         metadata_tree,

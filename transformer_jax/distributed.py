@@ -256,6 +256,10 @@ def initialize(section: DistributedConfig | None = None) -> ProcessInfo:
         watchdog.cancel()
     info = _info(True)
     logger.info("process %d of %d: %d local devices of %d", *info[:4])
+    if jax.default_backend() == "cpu":
+        # With jax 0.12.1 a CPU executable with cross-process collectives, written to the persistent cache by
+        # process 0 and read back by a restarted run, hangs in its first all-gather: such runs compile afresh.
+        jax.config.update("jax_enable_compilation_cache", False)
     return info
 
 

@@ -7,3 +7,7 @@ import warnings
 OURS_AND_JAX = r"(jax|jaxlib|flax|optax|orbax|chex|transformer_jax|__main__)(\.|$)"
 for category in (DeprecationWarning, PendingDeprecationWarning, FutureWarning):
     warnings.filterwarnings("error", category=category, module=OURS_AND_JAX)
+# As in pyproject.toml: orbax-checkpoint <= 0.12.8 annotates with a class jax 0.12.1 deprecates.
+warnings.filterwarnings(
+    "ignore", r"jax\.sharding\.SingleDeviceSharding is deprecated", DeprecationWarning, r"orbax(\.|$)"
+)
