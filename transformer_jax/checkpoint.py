@@ -26,7 +26,9 @@ logger = logging.getLogger(__name__)
 CHECKPOINT_DIR = "checkpoints"
 
 # jax 0.12.1 deprecates constructing SingleDeviceSharding directly in favour of make_single_device_sharding.
-_single_device_sharding = getattr(jax.sharding, "make_single_device_sharding", None) or jax.sharding.SingleDeviceSharding
+_single_device_sharding = (
+    getattr(jax.sharding, "make_single_device_sharding", None) or jax.sharding.SingleDeviceSharding
+)
 
 
 class CheckpointMismatchError(UserError, ValueError):

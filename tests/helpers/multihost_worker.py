@@ -41,7 +41,11 @@ def parse():
     parser.add_argument("--params", default=None)
     parser.add_argument("--launch-only", action="store_true")
     parser.add_argument("--loop", action="store_true", help="run transformer_jax.train.loop.train")
-    parser.add_argument("--cache-dir", default=None, help="persistent compilation cache (distributed.initialize turns it off for CPU collectives)")
+    parser.add_argument(
+        "--cache-dir",
+        default=None,
+        help="persistent compilation cache (distributed.initialize turns it off for CPU collectives)",
+    )
     return parser.parse_args()
 
 
