@@ -13,7 +13,7 @@ TEST_STAMP := $(VENV)/.installed-test-$(HASH)
 PIP_INSTALL = $(PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 PYTEST_ARGS ?= -n 2 --dist loadgroup --durations=15
 
-.PHONY: venv venv-test test test-lowest lint demo clean
+.PHONY: venv venv-test test test-lowest test-isa test-plan lint demo clean
 
 venv: $(CORE_STAMP)
 
@@ -38,6 +38,13 @@ test: venv-test
 	@$(PY) -c "import sys, jax, flax, optax, orbax.checkpoint as ocp; print(f'testing on Python {sys.version.split()[0]} ({sys.executable}): jax {jax.__version__}, flax {flax.__version__}, optax {optax.__version__}, orbax-checkpoint {ocp.__version__}')"
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The suite must pass on every x86 CPU of the machines it runs on (AVX-512 and AMX Xeons, AVX-512 EPYCs); their
+# kernels round differently. This reruns the tests marked `rounding` (a training outcome, two engines' agreement)
+# with XLA, torch and CTranslate2 held to AVX2 kernels, so a test that depends on the CPU fails here first.
+ISA_FLAGS := XLA_FLAGS=--xla_cpu_max_isa=AVX2 ATEN_CPU_CAPABILITY=avx2 CT2_FORCE_CPU_ISA=AVX2
+test-isa: venv-test
+	$(ISA_FLAGS) $(PY) -m pytest -m rounding $(PYTEST_ARGS)
+
 # The lowest supported stack: its own venv, constraints made from pyproject.toml's lower bounds.
 .venv-lowest/constraints.txt: pyproject.toml .ci/lowest_pins.py
 	mkdir -p .venv-lowest
@@ -45,6 +52,25 @@ test: venv-test
 
 test-lowest: .venv-lowest/constraints.txt
 	$(MAKE) test VENV=.venv-lowest PYTHON=$(LOWEST_PYTHON) CONSTRAINTS=.venv-lowest/constraints.txt
+
+# Planning pod runs on this machine (transformer_jax/plan.py) compiles for TPU slices with the TPU compiler, libtpu,
+# which runs without a TPU; its own venv, as each jax release pins one libtpu. TPU_JAX is the newest jax whose libtpu
+# the registry serves (jax 0.12.1 pins libtpu 0.0.53, not published yet; unpinned, pip backtracks for many minutes).
+TPU_VENV ?= .venv-tpu
+TPU_JAX ?= jax[tpu]==0.12.0.1
+TPU_STAMP := $(TPU_VENV)/.installed-$(HASH)
+
+$(TPU_VENV)/bin/python:
+	$(PYTHON) -m venv $(TPU_VENV)
+	$(TPU_VENV)/bin/python -m pip install --quiet --upgrade pip
+
+$(TPU_STAMP): pyproject.toml | $(TPU_VENV)/bin/python
+	$(TPU_VENV)/bin/python -m pip install --quiet -e . 'pytest>=8,<10' '$(TPU_JAX)'  # the planner's tests need no more
+	rm -f $(TPU_VENV)/.installed-*
+	touch $@
+
+test-plan: $(TPU_STAMP)
+	JAX_PLATFORMS=cpu $(TPU_VENV)/bin/python -m pytest tests/test_plan.py --durations=5
 
 lint: venv-test
 	$(VENV)/bin/ruff check transformer_jax experiments tests .ci
@@ -55,4 +81,4 @@ demo: venv
 	bash experiments/demo.sh
 
 clean:
-	rm -rf $(VENV) .venv-lowest runs
+	rm -rf $(VENV) .venv-lowest $(TPU_VENV) runs

@@ -1,7 +1,10 @@
 """Multi30k task 1 (29k caption pairs), EN→DE by default: the small Transformer, trained on a time budget.
 
     transformer-jax train --config experiments/multi30k.py --workdir runs/m30k \\
-        --config.data.path=../shared/data/multi30k [--config.data.target_lang=fr]
+        --config.data.path=/path/to/multi30k [--config.data.target_lang=fr]
+
+/path/to/multi30k: a directory holding the task 1 files train / val / test_2016_flickr .en / .de / .fr, one sentence
+a line (README.md, "Data where you keep it").
 
 The model of the published small-Transformer recipe (fairseq: 4+4 layers, d_model 128, d_ff 256, 4 heads, shared
 vocabulary, label smoothing 0.1) with dropout 0.1 instead of its 0.3: a CPU budget sees about a third of the

@@ -29,8 +29,8 @@ from transformer_jax import cli, workdir
 from transformer_jax.checkpoint import CHECKPOINT_DIR
 from transformer_jax.errors import UsageError
 from transformer_jax.machine import cpu_model
+from transformer_jax.run_log import log_path, read_rows
 from transformer_jax.selection import best_steps, validation_scores
-from transformer_jax.train.progress import read_metrics
 
 BUDGETS_DIR = "budgets"
 
@@ -112,9 +112,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
 
     run = args.workdir
-    rows = read_metrics(run)
+    rows = read_rows(run)
     if not rows:
-        raise UsageError(f"{run / 'metrics.jsonl'} is missing or empty: give the workdir of a finished train run.")
+        raise UsageError(f"{log_path(run)} is missing or empty: give the workdir of a finished train run.")
     if not (run / CHECKPOINT_DIR).is_dir():
         raise UsageError(f"{run / CHECKPOINT_DIR} not found: give a train run that kept its checkpoints.")
     full = max(row["elapsed_s"] for row in rows) / 60.0

@@ -1,6 +1,6 @@
 """The paper's Table 3 (variations on the base model) at Multi30k scale: a sweep file for `transformer-jax sweep`.
 
-    transformer-jax sweep experiments/table3.py --workdir runs/table3 --config.data.path=../shared/data/multi30k
+    transformer-jax sweep experiments/table3.py --workdir runs/table3 --config.data.path=/path/to/multi30k
     transformer-jax sweep experiments/table3.py --workdir runs/table3 --dry-run ...   # one train command per row
 
 The base is the shipped Multi30k model (experiments/multi30k.py: N 4+4, d_model 128, d_ff 256, h 4, d_k = d_v = 32,

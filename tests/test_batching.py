@@ -233,9 +233,9 @@ def test_base_config_batches_hold_about_25k_real_tokens_a_side():
     source tokens, targets ~10% longer, tails to 256)."""
     import itertools
 
-    from transformer_jax import cli
+    from transformer_jax.experiment import load_experiment
 
-    config = cli.load_experiment("experiments/base.py")
+    config = load_experiment("experiments/base.py")
     rng = np.random.default_rng(0)
     source_lengths = np.clip(rng.lognormal(np.log(24), 0.55, 40_000).astype(int), 1, 300)
     target_lengths = np.clip((source_lengths * rng.normal(1.1, 0.15, source_lengths.size)).astype(int), 1, 300)

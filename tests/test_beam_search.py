@@ -23,8 +23,6 @@ from transformer_jax.decoding import (
     length_penalty,
     uncached_step_fn,
 )
-from transformer_jax.decoding.beam import BeamState, search_should_continue
-from transformer_jax.decoding.config import NEG_INF
 from transformer_jax.model import Transformer
 
 PAD, BOS, EOS = 0, 1, 2
@@ -65,8 +63,10 @@ def random_table(seed, vocab, eos_bonus=0.0, scale=2.0):
     return table
 
 
-@functools.partial(jax.jit, static_argnames=("beam", "alpha", "length", "early_stopping", "one_hot", "nbest"))
-def _run_beam(table, seeds, limits, *, beam, alpha, length, early_stopping, one_hot, nbest):
+@functools.partial(
+    jax.jit, static_argnames=("beam", "alpha", "length", "early_stopping", "one_hot", "nbest", "penalty")
+)
+def _run_beam(table, seeds, limits, *, beam, alpha, length, early_stopping, one_hot, nbest, penalty):
     cache = {"state": jnp.repeat(seeds, beam)}  # [batch * beam]
     return beam_search_core(
         lambda tokens, cache: hash_step(tokens, cache, table),
@@ -82,11 +82,14 @@ def _run_beam(table, seeds, limits, *, beam, alpha, length, early_stopping, one_
         one_hot=one_hot,
         early_stopping=early_stopping,
         nbest=nbest,
+        length_penalty=penalty,
         return_state=True,
     )
 
 
-def run_beam(table, seeds, *, beam, alpha, length, limits=None, early_stopping=True, one_hot=False, nbest=None):
+def run_beam(
+    table, seeds, *, beam, alpha, length, limits=None, early_stopping=True, one_hot=False, nbest=None, penalty="gnmt"
+):
     seeds = jnp.asarray(seeds, jnp.int32)
     limits = jnp.full(seeds.shape, length, jnp.int32) if limits is None else jnp.asarray(limits, jnp.int32)
     sequences, scores, state = _run_beam(
@@ -99,6 +102,7 @@ def run_beam(table, seeds, *, beam, alpha, length, limits=None, early_stopping=T
         early_stopping=early_stopping,
         one_hot=one_hot,
         nbest=nbest,
+        penalty=penalty,
     )
     return np.asarray(sequences), np.asarray(scores), int(state.step)
 
@@ -114,6 +118,13 @@ def test_length_penalty_is_gnmt_formula():
     assert float(length_penalty(30, 0.0)) == 1.0
 
 
+def test_length_penalty_hf_is_transformers_formula():
+    assert float(length_penalty(7, 0.6, "hf")) == pytest.approx(7.0**0.6)  # |Y| counts EOS, not the start token
+    assert float(length_penalty(7, -1.0, "hf")) == pytest.approx(1 / 7)
+    with pytest.raises(ValueError, match="length_penalty"):
+        DecodeConfig(length_penalty="t5")
+
+
 def test_decode_config_defaults_are_the_papers_and_bad_values_fail():
     cfg = DecodeConfig()
     assert (cfg.beam_size, cfg.alpha, cfg.extra_length) == (4, 0.6, 50)  # §6.1
@@ -123,45 +134,17 @@ def test_decode_config_defaults_are_the_papers_and_bad_values_fail():
         DecodeConfig(gather="scatter")
 
 
-def _state(live, finished, flags, index):
-    batch, beam = np.shape(live)
-    return BeamState(
-        step=jnp.array(index),
-        live_seqs=jnp.zeros((batch, beam, 5), jnp.int32),
-        live_log_probs=jnp.array(live, jnp.float32),
-        finished_seqs=jnp.zeros((batch, beam, 5)),
-        finished_scores=jnp.array(finished, jnp.float32),
-        finished_flags=jnp.array(flags),
-        cache={},
-    )
-
-
-def test_termination_bound_uses_the_penalty_at_the_length_limit():
-    limits = jnp.array([5])
-    lp_max = float(length_penalty(5, 0.6))
-    # The best live hypothesis (-3.0) can reach -3.0 / lp(5); the worst finished one is just above or below.
-    above = _state([[-3.0, -4.0]], [[-1.0, -3.0 / lp_max + 1e-3]], [[True, True]], index=2)
-    below = _state([[-3.0, -4.0]], [[-1.0, -3.0 / lp_max - 1e-3]], [[True, True]], index=2)
-    not_full = _state([[-3.0, -4.0]], [[-1.0, NEG_INF]], [[True, False]], index=2)
-    at_limit = _state([[-3.0, -4.0]], [[-9.0, -9.0]], [[True, True]], index=5)
-    go = lambda state: bool(search_should_continue(state, max_decode_len=5, max_lengths=limits, alpha=0.6))
-    assert not go(above)
-    assert go(below)
-    assert go(not_full)  # fewer than `beam` finished: a live one can still enter the list
-    assert not go(at_limit)
-
-
 # --------------------------------------------------------------------------------- exhaustive (table models)
-@pytest.mark.parametrize("alpha", [0.6, 0.0])
-def test_wide_beam_equals_exhaustive_enumeration(alpha):
+@pytest.mark.parametrize("alpha, penalty", [(0.6, "gnmt"), (0.0, "gnmt"), (1.0, "hf")])
+def test_wide_beam_equals_exhaustive_enumeration(alpha, penalty):
     vocab, length, beam = 5, 5, 81  # 3 words besides EOS: 3**4 = 81 live prefixes before the last step
     table = random_table(0, vocab, eos_bonus=0.5)
     seeds, limits = [11, 42], [5, 3]  # the second sentence has a shorter length limit
-    sequences, scores, _ = run_beam(table, seeds, beam=beam, alpha=alpha, length=length, limits=limits)
+    sequences, scores, _ = run_beam(table, seeds, beam=beam, alpha=alpha, length=length, limits=limits, penalty=penalty)
     for b, (seed, limit) in enumerate(zip(seeds, limits)):
+        lp = (lambda n: ((5 + n) / 6) ** alpha) if penalty == "gnmt" else (lambda n: n**alpha)
         oracle = sorted(
-            ((oracle_log_prob(table, seed, y) / ((5 + len(y)) / 6) ** alpha, y) for y in all_hypotheses(vocab, limit)),
-            reverse=True,
+            ((oracle_log_prob(table, seed, y) / lp(len(y)), y) for y in all_hypotheses(vocab, limit)), reverse=True
         )
         found = [(float(s), strip(y)) for s, y in zip(scores[b], sequences[b]) if np.isfinite(s)]
         expected = oracle[:beam]
@@ -174,12 +157,13 @@ def test_wide_beam_equals_exhaustive_enumeration(alpha):
         assert all(len(y) <= limit for _, y in found)
 
 
-def test_early_stopping_returns_what_running_to_the_limit_returns():
+@pytest.mark.parametrize("alpha, penalty", [(0.6, "gnmt"), (0.3, "hf"), (-0.5, "hf")])
+def test_early_stopping_returns_what_running_to_the_limit_returns(alpha, penalty):
     stopped_early = 0
     for seed in range(4):  # same shapes: one compilation per setting
         table = random_table(seed, 8, eos_bonus=1.5)
-        early = run_beam(table, [3, 17, 99], beam=3, alpha=0.6, length=12)
-        full = run_beam(table, [3, 17, 99], beam=3, alpha=0.6, length=12, early_stopping=False)
+        early = run_beam(table, [3, 17, 99], beam=3, alpha=alpha, length=12, penalty=penalty)
+        full = run_beam(table, [3, 17, 99], beam=3, alpha=alpha, length=12, early_stopping=False, penalty=penalty)
         np.testing.assert_array_equal(early[0], full[0])
         np.testing.assert_allclose(early[1], full[1], rtol=1e-6)
         assert full[2] == 12
@@ -351,6 +335,54 @@ def test_eos_first_gives_length_one_and_pad_after_eos():
         assert all(t == PAD for t in row[stop + 1 :])
 
 
+def scripted_beam(rows, *, beam, alpha):
+    """beam_search_core over script_step for one sentence, rows[t] the probabilities of step t (its length limit
+    is len(rows)): (sequences [beam, limit], scores [beam], steps run)."""
+    probabilities = jnp.asarray([rows], jnp.float32)
+    sequences, scores, state = beam_search_core(
+        lambda t, c: script_step(t, c, probabilities),
+        {"row": jnp.zeros(beam, jnp.int32), "step": jnp.array(0)},
+        batch_size=1,
+        beam_size=beam,
+        alpha=alpha,
+        max_decode_len=len(rows),
+        bos_id=BOS,
+        eos_id=EOS,
+        pad_id=PAD,
+        return_state=True,
+    )
+    return np.asarray(sequences[0]), np.asarray(scores[0]), int(state.step)
+
+
+def test_termination_bound_uses_the_penalty_at_the_length_limit():
+    """A live hypothesis with log-probability s can still finish with s / lp(limit): the search stops once no such
+    bound beats the worst of the `beam` finished scores, and not before (nor while fewer than `beam` finished)."""
+    # Tokens: pad, bos, eos, a=3, b=4, c=5; each row sums to 1. Limit 5, alpha 0.6: lp(5) = (10/6)**0.6 = 1.3587.
+    rows = [
+        [0.01, 0.01, 0.5, 0.45, 0.02, 0.01],  # [eos] finishes: log 0.5 = -0.693; [a] lives: log 0.45 = -0.799
+        [0.01, 0.01, 0.04, 0.02, 0.9, 0.02],  # [a, b] lives: -0.904
+        [0.02, 0.02, 0.04, 0.02, 0.4, 0.5],  # [a, b, c] lives: -1.597
+        [0.2] * 6,
+        [0.2] * 6,
+    ]
+    sequences, scores, steps = scripted_beam(rows, beam=1, alpha=0.6)
+    # After step 1 the bound is -0.799 / 1.3587 = -0.588 > -0.693: go on, although the penalty at the next length,
+    # lp(2) = 1.097, would give -0.728 and stop. After step 2: -0.904 / 1.3587 = -0.665, go on. After step 3:
+    # -1.597 / 1.3587 = -1.175 < -0.693: stop, 2 steps before the limit.
+    assert steps == 3
+    assert sequences.tolist() == [[EOS, PAD, PAD, PAD, PAD]]
+    assert float(scores[0]) == pytest.approx(math.log(0.5), rel=1e-5)
+    # Beam 2: [eos] (log 0.9) beats every live bound from step 1 on, but the list has a second slot and no other
+    # hypothesis reaches EOS before the limit (eos 0.001 never is among the 4 best extensions): the search runs to
+    # the limit 4, where [a, a, a, a] is cut and fills that slot.
+    rows = [[0.01, 0.01, 0.9, 0.04, 0.03, 0.01]] + [[0.01, 0.01, 0.001, 0.5, 0.469, 0.01]] * 3
+    sequences, scores, steps = scripted_beam(rows, beam=2, alpha=0.6)
+    assert steps == 4
+    assert sequences.tolist() == [[EOS, PAD, PAD, PAD], [3, 3, 3, 3]]
+    expected = (math.log(0.04) + 3 * math.log(0.5)) / (9 / 6) ** 0.6
+    np.testing.assert_allclose(scores, [math.log(0.9), expected], rtol=1e-5)
+
+
 # ------------------------------------------------------------------------------------- the real Transformer
 TINY = config_lib.tiny(
     vocab_size=7,
@@ -447,7 +479,22 @@ def test_transformer_beam_over_the_cache_equals_beam_over_uncached_steps(cfg, be
     np.testing.assert_allclose(scores, oracle_scores, rtol=1e-5, atol=1e-5)
 
 
-def test_beam_search_defaults_come_from_the_config():
+def test_beam_search_defaults_come_from_the_config(tiny_model):
+    """Without beam_size / alpha / config, beam_search decodes with §6.1's beam 4, alpha 0.6 and limit source length
+    + 50 (DecodeConfig()); given a config, with that config's settings."""
+    model, params, sources = tiny_model
+    run = functools.partial(beam_search, model, params, sources)
+    default = run()
+    assert default[0].shape == (2, 4, TINY.max_len)  # beam 4; padded width 5 + 50, clipped to max_len
+    np.testing.assert_equal(default, run(beam_size=4, alpha=0.6, max_decode_len=TINY.max_len))
+    assert not np.allclose(default[1], run(alpha=1.0)[1])  # the comparison sees alpha
+    config = DecodeConfig(beam_size=3, alpha=1.0, extra_length=2)
+    chosen = run(config=config)
+    assert chosen[0].shape == (2, 3, 5 + 2)  # its beam; padded width 5 + its extra_length
+    np.testing.assert_equal(chosen, run(beam_size=3, alpha=1.0, config=DecodeConfig(extra_length=2)))
+
+
+def test_beam_search_refuses_a_bad_beam_size_or_a_buffer_past_the_position_table():
     model = Transformer(TINY)
     with pytest.raises(ValueError, match="max_len"):
         beam_search(model, {}, jnp.ones((1, 3), jnp.int32), max_decode_len=TINY.max_len + 1)

@@ -5,18 +5,16 @@ import re
 
 import pytest
 
-from transformer_jax.data.builtin_corpus import (
+from transformer_jax.data.builtin_corpus import TRANSITIVE_VERBS, BuiltinCorpusSource, generate_corpus
+from transformer_jax.data.builtin_words import (
     ADJECTIVES,
     ALL_NOUNS,
     COMPOUND_NOUNS,
     HELD_OUT_ADJECTIVE_NOUN,
     HELD_OUT_NUMBER_ENDINGS,
     NOUNS,
-    TRANSITIVE_VERBS,
-    BuiltinCorpusSource,
     english_number,
     english_ordinal,
-    generate_corpus,
     german_number,
     noun_phrase,
 )

@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from transformer_jax import parallel
+from transformer_jax import sharding
 from transformer_jax.checkpoint import Checkpointer, CheckpointMismatchError, NonFiniteStateError, describe_mismatch
 from transformer_jax.train.state import TrainState
 from transformer_jax.workdir import average_last, average_params, load_config, save_config
@@ -25,8 +25,8 @@ def make_state(width=3, seed=0):
 
 
 def abstract_of(state):
-    sharding = parallel.replicated(parallel.make_mesh())
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), state)
+    replicated = sharding.replicated(sharding.make_mesh())
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), state)
 
 
 def test_round_trip_is_exact_and_keeps_last_n(tmp_path):
@@ -104,7 +104,7 @@ def test_average_last_draws_only_on_the_requested_part_of_the_run(tmp_path):
     assert average_last(tmp_path, last=8, from_fraction=0.5)[0] == [4, 6, 8]  # steps >= 0.5 * 8
     steps, _ = average_last(tmp_path, last=2, from_fraction=0.3)
     assert steps == [6, 8]
-    with pytest.raises(ValueError, match="from_fraction=1.5"):
+    with pytest.raises(ValueError, match="--from-fraction 1.5"):
         average_last(tmp_path, last=2, from_fraction=1.5)
 
 

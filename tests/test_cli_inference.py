@@ -14,6 +14,7 @@ from conftest import tiny_run_overrides
 
 from transformer_jax import cli
 from transformer_jax import workdir as ckpt
+from transformer_jax.experiment import load_experiment
 from transformer_jax.train import loop
 from transformer_jax.translate import Translator
 
@@ -23,7 +24,7 @@ SOURCES = ["three small red cats", "", "the 3rd of May 2021", "I think that the 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     directory = tmp_path_factory.mktemp("trained")
-    config = cli.load_experiment("experiments/tiny.py", tiny_run_overrides(steps=9))
+    config = load_experiment("experiments/tiny.py", tiny_run_overrides(steps=9))
     loop.train(config, directory)
     return directory
 
@@ -369,3 +370,123 @@ def test_import_torch_of_a_file_that_is_not_a_state_dict(workdir, tmp_path, monk
     )
     assert code == 1 and "not a state_dict file written by torch.save" in err
     assert "weights_only=False" not in err and "Traceback" not in err
+
+
+def test_sampling_draws_by_line_number_whatever_the_batching(workdir, tmp_path, monkeypatch, capsys):
+    """--sample: each line's samples depend on the seed and its line number only, not on batches or chunks."""
+    source = tmp_path / "in.en"
+    source.write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
+    common = ["translate", "--workdir", str(workdir), "--input", str(source), "--sample", "--num-samples", "3"]
+    common += ["--nbest", "3", "--format", "jsonl", "--top-p", "0.9", "--seed", "2"]
+    runs = [
+        run_cli(common + options, monkeypatch=monkeypatch, capsys=capsys)
+        for options in (["--batch-size", "8"], ["--batch-size", "1", "--chunk-lines", "1"])
+    ]
+    assert [code for code, _, _ in runs] == [0, 0]
+    batched, alone = ([json.loads(line) for line in out.splitlines()] for _, out, _ in runs)
+    assert [len(row["hypotheses"]) for row in batched] == [3, 1, 3, 3]
+    texts = [[h["text"] for h in row["hypotheses"]] for row in batched]
+    assert texts == [[h["text"] for h in row["hypotheses"]] for row in alone]
+    for mine, theirs in zip(batched, alone):  # the same draws; the scores' sums round by batch shape
+        np.testing.assert_allclose(
+            [h["score"] for h in mine["hypotheses"]], [h["score"] for h in theirs["hypotheses"]], rtol=1e-5
+        )
+    other = run_cli(common[:-1] + ["3"], monkeypatch=monkeypatch, capsys=capsys)[1]
+    assert [[h["text"] for h in json.loads(line)["hypotheses"]] for line in other.splitlines()] != texts  # other seed
+
+
+def test_score_gives_the_log_probability_of_given_translations(workdir, tmp_path, monkeypatch, capsys):
+    """score's log P(target | source) is a greedy translation's own score when the text re-encodes to its tokens."""
+    lines = [line for line in SOURCES if line]
+    translator = Translator.from_workdir(workdir, method="greedy", batch_size=4)
+    greedy = [hypotheses[0] for hypotheses in translator.translate_nbest(lines)]
+    (tmp_path / "src").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "tgt").write_text("\n".join(h.text for h in greedy) + "\n", encoding="utf-8")
+    argv = ["score", "--workdir", str(workdir), "--source", str(tmp_path / "src"), "--target", str(tmp_path / "tgt")]
+    code, out, _ = run_cli(argv + ["--format", "jsonl"], monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [row["line"] for row in rows] == [1, 2, 3]
+    compared = 0
+    for row, hypothesis in zip(rows, greedy):
+        assert row["tokens"] == len(translator.tokenizer.encode_target(hypothesis.text)) + 1  # pieces + EOS
+        np.testing.assert_allclose(row["log_prob"], sum(row["token_log_probs"]), rtol=1e-5)
+        decoded = translator.tokenizer.decode(translator.tokenizer.encode_target(hypothesis.text))
+        if decoded == hypothesis.text and "⁇" not in hypothesis.text:
+            np.testing.assert_allclose(row["log_prob"], hypothesis.score, rtol=1e-4, atol=1e-4)
+            compared += 1
+    assert compared, "no greedy translation re-encoded to its own tokens"
+    (tmp_path / "short").write_text("one line\n", encoding="utf-8")
+    code, _, err = run_cli(argv[:-1] + [str(tmp_path / "short")], monkeypatch=monkeypatch, capsys=capsys)
+    assert code != 0 and "has 3 lines but" in err and "Traceback" not in err
+
+
+def test_a_prefix_file_starts_each_translation(workdir, tmp_path, monkeypatch, capsys):
+    (tmp_path / "prefix").write_text("die katze\n\n\nein\n", encoding="utf-8")
+    code, out, _ = run_cli(
+        ["translate", "--workdir", str(workdir), "--greedy", "--prefix", str(tmp_path / "prefix")],
+        stdin="\n".join(SOURCES) + "\n",
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
+    lines = out.split("\n")[:-1]
+    assert code == 0 and lines[0].startswith("die katze") and lines[3].startswith("ein") and lines[1] == ""
+    code, _, err = run_cli(
+        ["translate", "--workdir", str(workdir), "--greedy", "--prefix", str(tmp_path / "missing")],
+        stdin="x\n",
+        monkeypatch=monkeypatch,
+        capsys=capsys,
+    )
+    assert code != 0 and "--prefix" in err and "Traceback" not in err
+
+
+def test_an_ensemble_of_a_run_with_its_copy_translates_as_the_run(workdir, tmp_path, monkeypatch, capsys):
+    import shutil
+
+    import sentencepiece as spm
+
+    copy = tmp_path / "copy"
+    shutil.copytree(workdir, copy)
+    argv = ["translate", "--workdir", str(workdir), "--greedy"]
+    alone = run_cli(argv, stdin="\n".join(SOURCES) + "\n", monkeypatch=monkeypatch, capsys=capsys)
+    both = run_cli(
+        argv + ["--ensemble", str(copy)], stdin="\n".join(SOURCES) + "\n", monkeypatch=monkeypatch, capsys=capsys
+    )
+    assert alone[0] == both[0] == 0 and both[1] == alone[1]
+    model = io.BytesIO()  # another tokenizer in the copy: refused, naming it
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(SOURCES * 20), model_writer=model, vocab_size=30, pad_id=0, bos_id=1, eos_id=2, unk_id=3
+    )
+    (copy / "spm.model").write_bytes(model.getvalue())
+    code, _, err = run_cli(argv + ["--ensemble", str(copy)], stdin="x\n", monkeypatch=monkeypatch, capsys=capsys)
+    assert code != 0 and "another tokenizer" in err and "Traceback" not in err
+
+
+def test_shards_and_a_resumed_output_give_the_one_process_translation(workdir, tmp_path, monkeypatch, capsys):
+    """--shard K/N: each process its lines; interleaved, the shards are the whole file's translation, sampled draws
+    included (a line's draws follow its number). --resume after a kill continues a cut output exactly."""
+    lines = [f"{line} {i}" if line else "" for i, line in enumerate(SOURCES * 3)]  # 12 lines
+    source = tmp_path / "in.en"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    common = ["translate", "--workdir", str(workdir), "--input", str(source), "--sample", "--seed", "3"]
+    common += ["--chunk-lines", "4"]
+    code, _, err = run_cli(common + ["--output", str(tmp_path / "whole")], monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0 and "translated 12 lines" in err
+    whole = (tmp_path / "whole").read_text(encoding="utf-8").splitlines()
+    shards = []
+    for k in range(3):
+        output = tmp_path / f"shard{k}"
+        assert (
+            run_cli(common + ["--shard", f"{k}/3", "--output", str(output)], monkeypatch=monkeypatch, capsys=capsys)[0]
+            == 0
+        )
+        shards.append(output.read_text(encoding="utf-8").splitlines())
+    assert [len(shard) for shard in shards] == [4, 4, 4]
+    assert [shards[i % 3][i // 3] for i in range(12)] == whole
+    cut = tmp_path / "cut"  # killed after 5 lines, the 6th half written
+    cut.write_text("\n".join(whole[:5]) + "\n" + whole[5][:3], encoding="utf-8")
+    code, _, err = run_cli(common + ["--output", str(cut), "--resume"], monkeypatch=monkeypatch, capsys=capsys)
+    assert code == 0 and "translated 7 lines after the 5 done before" in err
+    assert cut.read_text(encoding="utf-8").splitlines() == whole
+    code, _, err = run_cli(common + ["--shard", "3/3"], monkeypatch=monkeypatch, capsys=capsys)
+    assert code != 0 and "--shard 3/3" in err and "Traceback" not in err

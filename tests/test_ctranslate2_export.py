@@ -16,7 +16,7 @@ from transformer_jax import workdir as ckpt  # noqa: E402
 from transformer_jax.data.sources import source_from_config  # noqa: E402
 from transformer_jax.decoding import DecodeConfig, beam_search, greedy_decode  # noqa: E402
 from transformer_jax.decoding.config import length_penalty  # noqa: E402
-from transformer_jax.experiment import Experiment  # noqa: E402
+from transformer_jax.experiment import Experiment, load_experiment  # noqa: E402
 from transformer_jax.interop import ctranslate2 as export  # noqa: E402
 from transformer_jax.model import Transformer  # noqa: E402
 
@@ -31,7 +31,7 @@ def trained(tmp_path_factory):
     overrides = {"optimizer.warmup_steps": 60, "train.eval_every": 150, "train.checkpoint_every": 150}
     from transformer_jax.train import loop
 
-    loop.train(cli.load_experiment("experiments/tiny.py", tiny_run_overrides(steps=150, **overrides)), directory)
+    loop.train(load_experiment("experiments/tiny.py", tiny_run_overrides(steps=150, **overrides)), directory)
     output = tmp_path_factory.mktemp("exported") / "ct2"
     assert cli.main(["export-ctranslate2", "--workdir", str(directory), "--output", str(output)]) == 0
     return directory, output
@@ -79,20 +79,42 @@ def our_greedy(model, params, sources):
 
 
 def greedy_agreement(model_config, params, tokenizer, directory, sources):
-    """How many sources CTranslate2's greedy output equals ours, token for token (EOS included)."""
+    """(same, ties): how many sources CTranslate2's greedy output equals ours token for token (EOS included), and
+    how many of the others first differ at a near-tie of our own logits (the two engines round differently, so
+    an argmax between two tokens within TIE of each other may go either way on another CPU)."""
     model = Transformer(model_config.replace(dropout_rate=0.0))
     translator = ctranslate2.Translator(str(directory))
-    same = 0
+    same = ties = 0
     for ids, ours in zip(sources, our_greedy(model, params, sources)):
         theirs, _ = ct2_translate(translator, tokenizer, ids, model_config.max_len, beam_size=1)
-        same += ours == theirs[0]
-    return same
+        if ours == theirs[0]:
+            same += 1
+        else:
+            ties += first_difference_is_a_tie(model, params, ids, ours, theirs[0])
+    return same, ties
 
 
+TIE = 1e-3  # logits of a trained tiny model are O(10); the engines agree on them to ~1e-5
+
+
+def first_difference_is_a_tie(model, params, ids, ours, theirs):
+    """Whether our logits for the two tokens where the outputs first part are within TIE of each other."""
+    at = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+    if at is None:  # one output is a prefix of the other: not an argmax tie
+        return False
+    cfg = model.config
+    decoder_inputs = np.asarray([[cfg.bos_id, *ours[:at]]], np.int32)
+    logits = model.apply({"params": params}, np.asarray([ids], np.int32), decoder_inputs)[0, at]
+    return abs(float(logits[ours[at]]) - float(logits[theirs[at]])) < TIE
+
+
+@pytest.mark.rounding
 def test_greedy_outputs_are_identical(trained, sources):
     directory, output = trained
     model_config, params, tokenizer = ckpt.load_model_for_inference(directory)
-    assert greedy_agreement(model_config, params, tokenizer, output, sources) == SENTENCES
+    same, ties = greedy_agreement(model_config, params, tokenizer, output, sources)
+    assert same + ties == SENTENCES, f"{SENTENCES - same - ties} outputs differ where our logits are not tied"
+    assert same >= SENTENCES - 2  # a near-tie is rare: a wrong mapping differs on most sentences (below)
 
 
 @pytest.mark.parametrize("break_it", ["unscaled_embeddings", "halves_positions"])
@@ -112,7 +134,7 @@ def test_a_wrong_mapping_changes_the_greedy_outputs(trained, sources, tmp_path, 
     spec.validate()  # turns the new values into CTranslate2 variables
     spec.optimize()
     spec.save(str(tmp_path))
-    assert greedy_agreement(model_config, params, tokenizer, tmp_path, sources) < SENTENCES // 2
+    assert greedy_agreement(model_config, params, tokenizer, tmp_path, sources)[0] < SENTENCES // 2
 
 
 def perturbed_params(model_config, seed=0):
@@ -138,15 +160,18 @@ def perturbed_params(model_config, seed=0):
     ],
     ids=["pre_ln", "learned_positions", "unshared_with_biases", "halves_deeper_encoder"],
 )
+@pytest.mark.rounding
 def test_other_configs_map_exactly(trained, sources, tmp_path, changes):
     directory, _ = trained
     model_config, _, tokenizer = ckpt.load_model_for_inference(directory)
     model_config = model_config.replace(**changes)
     params = perturbed_params(model_config)
     export.export_ctranslate2(params, model_config, tokenizer, tmp_path / "ct2")
-    assert greedy_agreement(model_config, params, tokenizer, tmp_path / "ct2", sources) == SENTENCES
+    same, ties = greedy_agreement(model_config, params, tokenizer, tmp_path / "ct2", sources)
+    assert same + ties == SENTENCES and same >= SENTENCES - 2
 
 
+@pytest.mark.rounding
 def test_beam_differences_are_search_differences_not_model_differences(trained, sources):
     """Beam 4, alpha 0.6. CTranslate2 (length_penalty 0: raw log-probabilities) re-ranked by log P / lp(|Y|)
     often keeps a longer best than ours: its beam records a finished hypothesis only from the top candidates,

@@ -194,14 +194,14 @@ SHARDED_BEAM_CACHE = textwrap.dedent(
 
     sys.path.insert(0, sys.argv[1])
     from test_decoding import SOURCES, TINY, random_params
-    from transformer_jax import parallel
+    from transformer_jax import sharding
     from transformer_jax.decoding import beam_search, constrain_cache, init_cache
     from transformer_jax.model import Transformer
 
     model = Transformer(TINY)
     params = random_params(model, seed=1, scale=1.0)
-    mesh = parallel.make_mesh({"data": 2, "tensor": 2})
-    rules = parallel.rules_for_mesh(mesh)
+    mesh = sharding.make_mesh({"data": 2, "tensor": 2})
+    rules = sharding.rules_for_mesh(mesh)
 
     @jax.jit
     def beam_cache(params):  # 2 sources x beam 2, pinned to the mesh

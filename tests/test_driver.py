@@ -11,8 +11,8 @@ import pytest
 
 from transformer_jax import config as config_lib
 from transformer_jax.decoding import DecodeConfig, beam_search, beam_search_core, driver, greedy_decode, greedy_search
-from transformer_jax.decoding.cache import encode, init_cache, transformer_step_fn
 from transformer_jax.decoding.config import per_sentence_limits, resolve_max_decode_len
+from transformer_jax.decoding.steps import encode, init_cache, transformer_step_fn
 from transformer_jax.model import Transformer
 
 CONFIG = config_lib.tiny(

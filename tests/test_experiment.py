@@ -4,10 +4,12 @@ import dataclasses
 import json
 from pathlib import Path
 
+import jax.numpy as jnp
 import pytest
 
 from transformer_jax.config import ModelConfig
 from transformer_jax.experiment import (
+    TOKENIZER_FIELDS,
     ConfigError,
     DataConfig,
     DecodeConfig,
@@ -140,9 +142,9 @@ def test_config_json_of_version_0_1_replays_and_resumes(tmp_path):
 
 
 def test_config_json_from_before_a_field_existed_resumes_as_its_default(tmp_path):
-    """A workdir written before ModelConfig.key_dim/value_dim (issue #25) ran d_k = d_v = d_model / num_heads, one
-    written before the cool-down and weight decay (issue #24) ran without them: absent fields load as their defaults
-    (None; 0) and resume with today's default config with nothing to report, while a real change is still refused."""
+    """A workdir written before ModelConfig.key_dim/value_dim existed ran d_k = d_v = d_model / num_heads, one written
+    before the cool-down and weight decay existed ran without them: absent fields load as their defaults (None; 0)
+    and resume with today's default config with nothing to report, while a real change is still refused."""
     today = load_experiment(EXPERIMENTS / "tiny.py").to_dict()
     assert today["model"]["key_dim"] is None and today["optimizer"]["cooldown_start"] == 0
     old = json.loads(json.dumps(today))
@@ -165,14 +167,41 @@ def test_resume_refuses_model_and_data_changes_and_reports_the_rest():
     assert allowed == ["optimizer.warmup_steps: 4000 → 100", "train.steps: 100000 → 5"]
 
 
+# A valid value other than the default for every ModelConfig field an override may set (the others come from the
+# tokenizer): (command-line text, the value it must give). Each is valid alone on top of the defaults.
+MODEL_OVERRIDES = {
+    "d_model": ("256", 256),
+    "num_heads": ("16", 16),
+    "key_dim": ("32", 32),
+    "value_dim": ("48", 48),
+    "d_ff": ("1024", 1024),
+    "num_encoder_layers": ("2", 2),
+    "num_decoder_layers": ("3", 3),
+    "dropout_rate": ("0.3", 0.3),
+    "attention_dropout_rate": ("0.2", 0.2),
+    "relu_dropout_rate": ("0.15", 0.15),
+    "activation": ("swish", "swish"),
+    "final_logits_bias": ("true", True),
+    "norm_position": ("pre", "pre"),
+    "position_encoding": ("learned", "learned"),
+    "sinusoid_layout": ("halves", "halves"),
+    "max_len": ("1024", 1024),
+    "share_embeddings": ("false", False),
+    "attention_bias": ("true", True),
+    "attention_impl": ("xla", "xla"),
+    "layer_norm_epsilon": ("1e-5", 1e-5),
+    "dtype": ("bfloat16", jnp.dtype("bfloat16")),
+    "param_dtype": ("float16", jnp.dtype("float16")),
+}
+
+
 def test_every_model_field_is_an_override():
-    """A new ModelConfig field is a --config.model override without further code."""
-    names = [
-        field.name
-        for field in dataclasses.fields(ModelConfig)
-        if field.name not in ("vocab_size", "pad_id", "bos_id", "eos_id")
-    ]
-    for name in names:
-        value = getattr(Experiment().model, name)
-        text = str(value) if not isinstance(value, str) else value
-        assert getattr(apply_overrides(Experiment(), [(f"model.{name}", text)]).model, name) == value, name
+    """Every ModelConfig field but the tokenizer's is a --config.model override: a value other than the default
+    lands in that field and changes nothing else. A new field fails here until it has an entry above."""
+    names = [field.name for field in dataclasses.fields(ModelConfig) if field.name not in TOKENIZER_FIELDS]
+    assert sorted(MODEL_OVERRIDES) == sorted(names)
+    default = Experiment().model
+    for name, (text, expected) in MODEL_OVERRIDES.items():
+        assert getattr(default, name) != expected, name  # not the default: an ignored override would show
+        model = apply_overrides(Experiment(), [(f"model.{name}", text)]).model
+        assert model == dataclasses.replace(default, **{name: expected}), name

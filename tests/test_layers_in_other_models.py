@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from transformer_jax.config import ModelConfig
 from transformer_jax.layers.attention import MultiHeadAttention
@@ -23,6 +24,7 @@ class SetClassifier(nn.Module):
         return nn.Dense(2)(x.mean(axis=1))  # [batch, 2]
 
 
+@pytest.mark.rounding
 def test_layers_train_inside_another_model():
     cfg = ModelConfig(vocab_size=8, d_model=16, num_heads=2, d_ff=32, dropout_rate=0.0)
     model = SetClassifier(cfg)

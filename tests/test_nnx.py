@@ -21,9 +21,10 @@ from flax import nnx, traverse_util
 
 import transformer_jax
 import transformer_jax.nnx as tnnx
-from transformer_jax import cli, layers, model
+from transformer_jax import layers, model
 from transformer_jax.config import ModelConfig, tiny
 from transformer_jax.decoding import beam_search, greedy_decode
+from transformer_jax.experiment import load_experiment
 from transformer_jax.train import loop
 from transformer_jax.workdir import load_params
 
@@ -171,6 +172,7 @@ class SetClassifier(nnx.Module):
         return self.head(x.mean(axis=1))  # [batch, 2]
 
 
+@pytest.mark.rounding
 def test_layers_train_inside_a_users_nnx_module():
     cfg = ModelConfig(vocab_size=8, d_model=16, num_heads=2, d_ff=32, dropout_rate=0.0)
     classifier = SetClassifier(cfg, nnx.Rngs(0))
@@ -204,7 +206,7 @@ def test_layers_train_inside_a_users_nnx_module():
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     directory = tmp_path_factory.mktemp("trained")
-    loop.train(cli.load_experiment("experiments/tiny.py", tiny_run_overrides(steps=9)), directory)
+    loop.train(load_experiment("experiments/tiny.py", tiny_run_overrides(steps=9)), directory)
     return directory
 
 

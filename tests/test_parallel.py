@@ -1,10 +1,10 @@
-"""Sharding rules, the pmap step and the layouts' equality on 8 simulated CPU devices (issue #6).
+"""Sharding rules, the pmap step and the layouts' equality on 8 simulated CPU devices.
 
 The device count must be set before JAX starts, so the layouts run in one subprocess
-(tests/helpers/parallel_layouts.py) that trains the same 2 steps on the same global batches under every layout and
-prints JSON; the tests below read it. The oracle is the one-device run: every layout must give the same loss sums,
-gradient norms and updated parameters (float32, 1e-5). SGD makes the update linear in the gradient, so parameter
-differences measure the step's arithmetic (see the helper's docstring for why Adam's first step is not used).
+(tests/helpers/parallel_layouts.py) that trains 2 steps on one global batch (the same at both steps) under every
+layout and prints JSON; the tests below read it. The oracle is the one-device run: every layout must give the same
+loss sums, gradient norms and updated parameters (float32, 1e-5). SGD makes the update linear in the gradient, so
+parameter differences measure the step's arithmetic (see the helper's docstring for why Adam's first step is not used).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import flax.linen as nn
 import numpy as np
 import pytest
 
-from transformer_jax import parallel
+from transformer_jax import sharding
 from transformer_jax.config import tiny
 from transformer_jax.experiment import MeshConfig
 
@@ -42,6 +42,7 @@ def layouts():
         "--steps",
         "2",
         "--fast",
+        "--same-batch",
         "--layouts",
         ",".join(("single",) + STEP_LAYOUTS),
         "--bytes-only",
@@ -78,9 +79,11 @@ def test_layout_gives_the_one_device_update(layouts, name):
 
 
 def test_loss_depends_on_the_update(layouts):
-    """Step 2's loss is measured after step 1's update: equal second losses check the updated state too."""
-    losses = [m["loss"] for m in layouts["single"]["metrics"]]
-    assert losses[0] != losses[1]
+    """Both steps train on the same batch, so step 2's loss differs from step 1's only by step 1's update: equal
+    second losses across the layouts check the updated state too. A descent step on that batch lowers its loss."""
+    first, second = layouts["single"]["metrics"]
+    assert first["tokens"] == second["tokens"]  # the same batch
+    assert second["loss"] < first["loss"]
 
 
 # ---------------------------------------------------------------------------------------------- bytes
@@ -165,8 +168,8 @@ EXPECTED_SPECS = {
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_SPECS))
 def test_rule_table_places_every_array_as_planned(name):
-    assert set(EXPECTED_SPECS) == set(parallel.RULE_TABLES)
-    got = [tuple(nn.logical_to_mesh_axes(axes, parallel.RULE_TABLES[name])) for axes in SHAPES]
+    assert set(EXPECTED_SPECS) == set(sharding.RULE_TABLES)
+    got = [tuple(nn.logical_to_mesh_axes(axes, sharding.RULE_TABLES[name])) for axes in SHAPES]
     assert got == EXPECTED_SPECS[name]
 
 
@@ -175,21 +178,21 @@ def fake_mesh(**sizes):
 
 
 def test_rules_chosen_from_mesh_and_config():
-    assert parallel.rules_for_mesh(fake_mesh(data=8)) == parallel.make_rules() == tuple(parallel.DEFAULT_RULES)
-    assert parallel.rules_for_mesh(fake_mesh(fsdp=4)) == parallel.FSDP_RULES
-    assert parallel.rules_for_mesh(fake_mesh(tensor=2)) == parallel.TENSOR_RULES
-    assert parallel.rules_for_mesh(fake_mesh(fsdp=2, tensor=2)) == parallel.FSDP_TENSOR_RULES
-    assert parallel.rules_from_config(MeshConfig(data=2, fsdp=4), fake_mesh(data=2, fsdp=4)) == parallel.FSDP_RULES
-    assert parallel.rules_from_config(MeshConfig(rules="tensor"), fake_mesh(tensor=2)) == parallel.TENSOR_RULES
+    assert sharding.rules_for_mesh(fake_mesh(data=8)) == sharding.make_rules() == tuple(sharding.DEFAULT_RULES)
+    assert sharding.rules_for_mesh(fake_mesh(fsdp=4)) == sharding.FSDP_RULES
+    assert sharding.rules_for_mesh(fake_mesh(tensor=2)) == sharding.TENSOR_RULES
+    assert sharding.rules_for_mesh(fake_mesh(fsdp=2, tensor=2)) == sharding.FSDP_TENSOR_RULES
+    assert sharding.rules_named(MeshConfig(data=2, fsdp=4).rules, fake_mesh(data=2, fsdp=4)) == sharding.FSDP_RULES
+    assert sharding.rules_named(MeshConfig(rules="tensor").rules, fake_mesh(tensor=2)) == sharding.TENSOR_RULES
     with pytest.raises(ValueError, match="mesh.rules='dp' does not fit"):
-        parallel.rules_from_config(MeshConfig(rules="dp"), fake_mesh(fsdp=4))
+        sharding.rules_named(MeshConfig(rules="dp").rules, fake_mesh(fsdp=4))
     with pytest.raises(ValueError, match="unknown"):
         MeshConfig(rules="zero3")
 
 
 def test_every_named_rule_table_is_a_mesh_rules_choice():
     choices = typing.get_args(typing.get_type_hints(MeshConfig)["rules"])
-    assert set(choices) == {"auto", *parallel.RULE_TABLES}
+    assert set(choices) == {"auto", *sharding.RULE_TABLES}
 
 
 def test_parallel_mode():
@@ -202,8 +205,8 @@ def test_parallel_mode():
 
 
 def test_model_must_divide_over_the_mesh():
-    parallel.check_model_fits_mesh(tiny(), fake_mesh(fsdp=8), parallel.FSDP_RULES)
+    sharding.check_model_fits_mesh(tiny(), fake_mesh(fsdp=8), sharding.FSDP_RULES)
     with pytest.raises(ValueError, match="'heads' \\(size 4\\)"):
-        parallel.check_model_fits_mesh(tiny(), fake_mesh(tensor=8), parallel.TENSOR_RULES)
+        sharding.check_model_fits_mesh(tiny(), fake_mesh(tensor=8), sharding.TENSOR_RULES)
     with pytest.raises(ValueError, match="'vocab' \\(size 500\\)"):
-        parallel.check_model_fits_mesh(tiny(vocab_size=500), fake_mesh(tensor=8), parallel.TENSOR_RULES)
+        sharding.check_model_fits_mesh(tiny(vocab_size=500), fake_mesh(tensor=8), sharding.TENSOR_RULES)

@@ -9,10 +9,10 @@ from test_checkpoint import make_state
 
 from transformer_jax import cli
 from transformer_jax.checkpoint import Checkpointer
-from transformer_jax.experiment import ConfigError, TrainConfig
+from transformer_jax.experiment import ConfigError, TrainConfig, load_experiment
+from transformer_jax.run_log import read_rows
 from transformer_jax.selection import best_steps, validation_scores
 from transformer_jax.train import loop
-from transformer_jax.train.progress import read_metrics
 from transformer_jax.workdir import average_best, load_params
 
 
@@ -58,8 +58,8 @@ def test_keep_best_needs_a_validation_at_every_checkpoint():
 def test_a_run_keeps_its_best_checkpoints_and_averages_them(tmp_path):
     changes = {"train.eval_every": 2, "train.checkpoint_every": 2, "train.keep_checkpoints": 1, "train.keep_best": 2}
     changes |= {"train.bleu_every": 0, "optimizer.warmup_steps": 2, "optimizer.lr_scale": 4.0}
-    loop.train(cli.load_experiment("experiments/tiny.py", tiny_run_overrides(12, **changes)), tmp_path)
-    scores = validation_scores(read_metrics(tmp_path), "perplexity")
+    loop.train(load_experiment("experiments/tiny.py", tiny_run_overrides(12, **changes)), tmp_path)
+    scores = validation_scores(read_rows(tmp_path), "perplexity")
     assert sorted(scores) == [2, 4, 6, 8, 10, 12]
     lowest = sorted(sorted(scores), key=lambda step: (scores[step], -step))[:2]  # brute force over the log
     kept = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())

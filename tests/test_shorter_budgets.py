@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from conftest import tiny_run_overrides
 
-from transformer_jax import cli
 from transformer_jax.errors import UsageError
+from transformer_jax.experiment import load_experiment
 from transformer_jax.train import loop
 from transformer_jax.workdir import load_params
 
@@ -27,7 +27,7 @@ def run(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("budgets")
     changes = {"train.eval_every": 2, "train.checkpoint_every": 2, "train.keep_checkpoints": 1, "train.keep_best": 10}
     changes |= {"train.bleu_every": 0, "optimizer.warmup_steps": 2, "optimizer.lr_scale": 4.0}
-    loop.train(cli.load_experiment("experiments/tiny.py", tiny_run_overrides(8, **changes)), path)
+    loop.train(load_experiment("experiments/tiny.py", tiny_run_overrides(8, **changes)), path)
     return path
 
 

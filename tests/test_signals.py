@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import random
 import signal
@@ -24,6 +23,7 @@ import pytest
 from conftest import tiny_run_overrides
 
 from transformer_jax import checkpoint as ckpt
+from transformer_jax import run_log
 from transformer_jax.workdir import load_params
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,9 +94,7 @@ def wait_until(condition, timeout: float = 180) -> bool:
 
 
 def last_logged_update(workdir: Path) -> int:
-    path = workdir / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    return max((row["step"] for row in rows if row["kind"] == "train"), default=0)
+    return max((row["step"] for row in run_log.read_rows(workdir) if row["kind"] == "train"), default=0)
 
 
 def train_command(tmp_path: Path, checkpoint_every: int = 2) -> list[str]:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import tiny_run_overrides
 
-from transformer_jax import cli, machine, sweep
+from transformer_jax import cli, machine, run_log, sweep
 from transformer_jax import workdir as ckpt
 from transformer_jax.experiment import ConfigError
 from transformer_jax.sweep import SweepRow
@@ -106,20 +106,53 @@ def test_a_signal_stops_the_sweep_with_its_table_and_the_same_command_resumes_th
     assert [result["row"] for result in json.loads((out / "table.json").read_text())] == ["base", "A: h 1"]
 
 
-def test_a_rows_minutes_are_its_updates_at_the_median_seconds_per_update():
-    logged = [  # (step, elapsed_s) of train rows: a paused window, then a resume from update 100 (clock restarts)
-        (50, 50.0),
-        (100, 90.0),
-        (150, 130.0),
-        (200, 1130.0),
-        (150, 12.0),
-        (200, 52.0),
-        (250, 94.0),
+def test_a_row_stopped_before_scoring_its_last_update_is_scored_from_its_workdir_as_its_training_scores_it(
+    tmp_path, monkeypatch
+):
+    sweep_file = write_sweep_file(tmp_path / "grid.py", "SweepRow('base'),")
+    out = tmp_path / "runs"
+    (row,) = sweep.plan(sweep_file, out)[2]
+    loop.train(row.experiment, row.workdir)  # the oracle: the Trainer's own scores of its last update
+    logged = metrics(row.workdir)
+    scores = ("eval", "final_bleu")
+    by_training = {r["kind"]: r for r in logged if r["step"] == STEPS and r["kind"] in scores}
+    assert set(by_training) == set(scores) and by_training["final_bleu"]["method"] == "beam"
+    # as if the job had been killed after the last checkpoint, before the run validated it
+    cut = [r for r in logged if not (r["step"] == STEPS and r["kind"] in scores)]
+    (row.workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in cut))
+    assembled = []
+    assemble = loop.assemble
+    monkeypatch.setattr(loop, "assemble", lambda *args, **kwargs: assembled.append(args) or assemble(*args, **kwargs))
+
+    assert cli.main(["sweep", str(sweep_file), "--workdir", str(out)]) == 0
+    assert len(assembled) == 1  # the resumed run's, which had no update left: the scoring built no Trainer
+    rescored = {r["kind"]: r for r in metrics(row.workdir)[len(cut) :] if r["kind"] in scores}
+    for kind in scores:
+        assert {**rescored[kind], "elapsed_s": 0} == {**by_training[kind], "elapsed_s": 0}, kind
+    (result,) = json.loads((out / "table.json").read_text())
+    assert (result["ppl"], result["bleu"]) == (by_training["eval"]["perplexity"], by_training["final_bleu"]["bleu"])
+
+
+def test_a_rows_minutes_are_its_updates_at_the_median_seconds_per_update(tmp_path):
+    logged = [  # (kind, step, elapsed_s) of three `train` commands, each resumed from a checkpoint (clock restarts)
+        ("machine", 0, 0.0),
+        ("train", 50, 50.0),
+        ("train", 100, 90.0),
+        ("train", 150, 1090.0),  # a paused window, then killed: resumed from the checkpoint at 100
+        ("machine", 100, 0.0),
+        ("train", 150, 100.0),
+        ("train", 200, 140.0),
+        ("machine", 200, 0.0),
+        ("train", 250, 150.0),
     ]
-    rows = [{"kind": "train", "step": step, "elapsed_s": elapsed} for step, elapsed in logged]
-    # windows: 0.8, 0.8, 20 (the pause), 0.8, 0.84 s an update; the resume's first row starts no window
-    assert sweep._train_minutes(rows, 2000) == pytest.approx(2000 * 0.8 / 60)
-    assert sweep._train_minutes(rows[:1], 2000) == 0.0
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(json.dumps({"kind": kind, "step": step, "elapsed_s": elapsed}) + "\n" for kind, step, elapsed in logged)
+    )
+    rows = run_log.read_rows(tmp_path)
+    # windows of one command: 0.8, 0.8 s an update (the paused one was logged again); none across a resume
+    # (90 -> 100 and 140 -> 150 s: 0.2 s an update)
+    assert sweep.train_minutes(rows, 2000) == pytest.approx(2000 * 0.8 / 60)
+    assert sweep.train_minutes(rows[:2], 2000) == 0.0
 
 
 def test_the_table_gives_each_rows_perplexity_relative_to_the_first_rows_ours_and_the_papers(tmp_path):

@@ -98,7 +98,7 @@ def test_torch_compile_batches_reports_the_pipelines_shapes_and_rates_from_its_t
     import torch
     import torch_compile_batches
 
-    from transformer_jax import cli
+    from transformer_jax.experiment import load_experiment
     from transformer_jax.train import loop
 
     monkeypatch.setattr(torch, "compile", lambda model: model)  # the bookkeeping, without minutes of compiling
@@ -107,8 +107,8 @@ def test_torch_compile_batches_reports_the_pipelines_shapes_and_rates_from_its_t
     out = tmp_path / "tcb.json"
     report = torch_compile_batches.main(argv + [f"--config.{k}={v}" for k, v in overrides] + ["--out", str(out)])
 
-    with loop.Trainer(cli.load_experiment("experiments/tiny.py", overrides), tmp_path / "tcb") as trainer:
-        batches = [next(trainer.batches) for _ in range(3)]  # the same pipeline, read independently
+    with loop.assemble(load_experiment("experiments/tiny.py", overrides), tmp_path / "tcb") as trainer:
+        batches = [next(trainer.data.batches) for _ in range(3)]  # the same pipeline, read independently
     shapes = sorted({(b["inputs"].shape, b["targets"].shape) for b in batches})
     assert [tuple(map(tuple, shape)) for shape in report["shapes"]] == shapes
     tokens = sum(int((b["inputs"] != 0).sum() + (b["targets"] != 0).sum()) for b in batches)  # pad id 0

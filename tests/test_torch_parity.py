@@ -339,6 +339,7 @@ def paper_lr(step: int, d_model: int) -> float:
     return d_model**-0.5 * min(step**-0.5, step * WARMUP_STEPS**-1.5)
 
 
+@pytest.mark.rounding
 def test_one_adam_step_with_the_paper_schedule_gives_the_same_parameters():
     import optax
 
@@ -401,6 +402,7 @@ def until_eos(row, eos_id):
     return row[: row.index(eos_id) + 1] if eos_id in row else row
 
 
+@pytest.mark.rounding
 def test_greedy_decoding_gives_the_same_tokens():
     name = "post_bias_learned_unshared"
     from transformer_jax import decoding

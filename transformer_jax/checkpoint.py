@@ -1,5 +1,5 @@
 """Orbax checkpoints of a training run: {workdir}/checkpoints/{step}/ holds state/ (TrainState: params,
-opt_state, step, rng, ...) and data/ (the batch iterator's position, JSON); the rest of a workdir is workdir.py's.
+opt_state, step, rng, ...) and data/ (the batch iterator's position, JSON); the rest of a workdir is workdir/'s.
 
 Saves are asynchronous (orbax writes in a background thread while training continues); the last `keep`
 checkpoints are kept, and with `keep_best` also the best by a validation metric (selection.py). Before anything is

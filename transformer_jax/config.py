@@ -19,6 +19,7 @@ NORM_POSITIONS = ("post", "pre")
 ATTENTION_IMPLS = ("einsum", "xla", "cudnn")
 POSITION_KINDS = ("sinusoidal", "learned")
 SINUSOID_LAYOUTS = ("interleaved", "halves")
+ACTIVATIONS = ("relu", "swish", "gelu")  # gelu: the exact erf form
 
 
 def _as_dtype(value: Any, field: str) -> jnp.dtype:
@@ -47,6 +48,8 @@ class ModelConfig:
     # Not in the paper (0 there); tensor2tensor and many ports use them.
     attention_dropout_rate: float = 0.0
     relu_dropout_rate: float = 0.0
+    # §3.3's FFN nonlinearity is ReLU; Marian (OPUS-MT) models use swish or gelu.
+    activation: str = "relu"
     # §3.1 post-LN: LayerNorm(x + Dropout(Sublayer(x))). 'pre' adds a final LayerNorm per stack.
     norm_position: str = "post"
     # §3.5 sinusoids; 'learned' is the paper's Table 3 row (E) variant.
@@ -56,6 +59,8 @@ class ModelConfig:
     max_len: int = 512
     # §3.4: one matrix for source embedding, target embedding and pre-softmax projection.
     share_embeddings: bool = True
+    # A learned per-token bias added to the output logits (Marian's final_logits_bias); the paper has none.
+    final_logits_bias: bool = False
     # §3.2.2 writes the projections without biases (as tensor2tensor does); torch uses them.
     attention_bias: bool = False
     # ATTENTION_IMPLS; 'xla' and 'cudnn' need d_k == d_v; 'cudnn' needs a GPU, bfloat16/float16, d_k % 8 == 0
@@ -64,7 +69,7 @@ class ModelConfig:
     dtype: Any = jnp.float32  # activations
     param_dtype: Any = jnp.float32
     pad_id: int = 0
-    bos_id: int = 1
+    bos_id: int = 1  # the decoder's start token; it may equal pad_id (Marian starts the decoder from pad)
     eos_id: int = 2
 
     def __post_init__(self):
@@ -91,6 +96,19 @@ class ModelConfig:
     def has_paper_head_sizes(self) -> bool:
         """d_k = d_v = d_model / num_heads (§3.2.2), the only sizes torch's and CTranslate2's attention hold."""
         return self.d_model % self.num_heads == 0 and self.d_k == self.d_v == self.head_dim
+
+    @property
+    def marian_options(self) -> list[str]:
+        """'field=value' for each option set that only imported Marian models use (interop/marian.py); the
+        torch reference and the CTranslate2 export hold none of them."""
+        options = []
+        if self.activation != "relu":
+            options.append(f"activation={self.activation!r}")
+        if self.final_logits_bias:
+            options.append("final_logits_bias=True")
+        if self.bos_id == self.pad_id:
+            options.append(f"bos_id=pad_id={self.pad_id}")
+        return options
 
     def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
@@ -166,6 +184,8 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.d_model={self.d_model} must be even for sinusoidal positions (sin/cos pairs)."
             )
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"ModelConfig.activation={self.activation!r} is unknown; use one of {ACTIVATIONS}.")
         self._validate_attention_impl()
         if self.layer_norm_epsilon <= 0:
             raise ValueError(f"ModelConfig.layer_norm_epsilon={self.layer_norm_epsilon} must be positive.")
@@ -173,8 +193,8 @@ class ModelConfig:
         for name, value in ids.items():
             if not 0 <= value < self.vocab_size:
                 raise ValueError(f"ModelConfig.{name}={value} must lie in [0, vocab_size={self.vocab_size}).")
-        if len(set(ids.values())) != 3:
-            raise ValueError(f"ModelConfig special ids must be distinct, got {ids}.")
+        if self.eos_id in (self.pad_id, self.bos_id):
+            raise ValueError(f"ModelConfig.eos_id must differ from pad_id and bos_id, got {ids}.")
 
 
 def base(**overrides) -> ModelConfig:

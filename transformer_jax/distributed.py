@@ -1,10 +1,10 @@
-"""Multi-host start-up (docs/SCALING.md); each process's share of the global batch is in parallel.py.
+"""Multi-host start-up (docs/SCALING.md); each process's share of the global batch is in sharding.py.
 
     info = distributed.initialize(experiment.distributed)   # FIRST, before any other JAX call
-    mesh = parallel.make_mesh(experiment.mesh.shape)      # over jax.devices(): every process's devices
-    shard_index, shard_count = parallel.data_shard(mesh, rules)   # -> TrainBatches(shard_index=, shard_count=)
-    batch = parallel.global_batch(local_batch, mesh, rules)      # process-local rows -> global jax.Arrays
-    rows = parallel.local_rows(eval_batch, shard_index, shard_count)  # own rows of a batch all processes hold
+    mesh = sharding.make_mesh(experiment.mesh.shape)      # over jax.devices(): every process's devices
+    shard_index, shard_count = sharding.data_shard(mesh, rules)   # -> TrainBatches(shard_index=, shard_count=)
+    batch = sharding.global_batch(local_batch, mesh, rules)      # process-local rows -> global jax.Arrays
+    rows = sharding.local_rows(eval_batch, shard_index, shard_count)  # own rows of a batch all processes hold
 
 Settings come from the config's `distributed` section (experiment.DistributedConfig), then from
 the environment, then from JAX's cluster auto-detection (Cloud TPU pods, SLURM, Open MPI, ...):
@@ -17,16 +17,23 @@ the environment, then from JAX's cluster auto-detection (Cloud TPU pods, SLURM, 
 
 With nothing set and no cluster detected, `initialize` does nothing (one process). A launch that cannot complete
 (coordinator unreachable, a process missing, processes disagreeing on the process count) raises
-`DistributedStartupError` within about `initialization_timeout` seconds, saying what to check, instead of hanging.
+`DistributedStartupError` within about `initialization_timeout` seconds, saying what to check, instead of hanging
+(exit STARTUP_FAILED_EXIT_CODE). A process that dies or stops responding ends the others with one line and
+PEER_LOST_EXIT_CODE (`PeerWatch`, or a collective that fails first: `end_after_lost_peer`); the relaunch resumes from
+the newest intact checkpoint. A signal to one process stops them all (train/actions.StopSignals).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, NoReturn
 
 import jax
 
@@ -135,6 +142,7 @@ def _describe(cfg: DistributedConfig) -> str:
 # ends with this module's message (the watchdog) rather than the runtime's abort.
 _JAX_DEADLINE_GRACE_S = 15
 STARTUP_FAILED_EXIT_CODE = 3
+PEER_LOST_EXIT_CODE = 4
 # Where each process posts the num_processes it was launched with, for _check_agreement.
 _AGREEMENT_KEY = "transformer_jax/launched_num_processes"
 _HINTS = (
@@ -224,6 +232,10 @@ def initialize(section: DistributedConfig | None = None) -> ProcessInfo:
         return _info(False)
     if cfg.cpu_collectives:
         jax.config.update("jax_cpu_collectives_implementation", cfg.cpu_collectives)
+    # The coordination service would abort every process from C++ once one misses its heartbeats ("Terminating
+    # process because the JAX distributed service detected fatal errors"): with recoverable tasks it does not, and
+    # PeerWatch is the one that notices and says so.
+    jax.config.update("jax_enable_recoverability", True)
     logger.info("joining the distributed run: %s", _describe(cfg))
     _preflight(cfg)
     watchdog = _Watchdog(
@@ -245,15 +257,17 @@ def initialize(section: DistributedConfig | None = None) -> ProcessInfo:
             )
         except Exception as error:  # XlaRuntimeError (UNAVAILABLE, ...), ValueError from auto-detection
             watchdog.message = f"could not join the distributed run ({_describe(cfg)}): {error}. " + _HINTS
-            _shutdown_quietly()
+            _shutdown_quietly(cfg)
             raise DistributedStartupError(watchdog.message) from error
         problem = _check_agreement(cfg)
         if problem:
             watchdog.message = problem
-            _shutdown_quietly()
+            _shutdown_quietly(cfg)
             raise DistributedStartupError(problem)
     finally:
         watchdog.cancel()
+    PeerWatch.start(cfg.heartbeat_timeout)
+    atexit.register(shutdown)  # before jax's own clean-up (registered at import), which stops the runtime
     info = _info(True)
     logger.info("process %d of %d: %d local devices of %d", *info[:4])
     if jax.default_backend() == "cpu":
@@ -271,10 +285,7 @@ def _check_agreement(cfg: DistributedConfig) -> str | None:
     Not a device collective: one left unfinished by a peer that gave up keeps a gloo thread waiting, and the CPU
     client's teardown at exit waits for it forever. Returns the problem, or None."""
     # The coordination service's client, as jax's own array_serialization and orbax reach it.
-    from jax._src.distributed import global_state
-
-    client = global_state.client
-    assert client is not None, "called after jax.distributed.initialize, which makes the client"
+    client = _client()
     me = jax.process_index()
     client.key_value_set(f"{_AGREEMENT_KEY}/{me}", str(cfg.num_processes))
     wait_ms = int(cfg.initialization_timeout * 1000)
@@ -293,12 +304,136 @@ def _check_agreement(cfg: DistributedConfig) -> str | None:
     )
 
 
-def _shutdown_quietly() -> None:
+def _client():
+    """The coordination service's client, as jax's own array_serialization and orbax reach it."""
+    from jax._src.distributed import global_state
+
+    assert global_state.client is not None, "called after jax.distributed.initialize, which makes the client"
+    return global_state.client
+
+
+def _shutdown_quietly(cfg: DistributedConfig) -> None:
     with contextlib.suppress(Exception):  # best effort, the real error is being reported
+        _leave(cfg.heartbeat_timeout)
+
+
+# Words of the runtime's errors when a collective's peer is gone (gloo on CPUs, NCCL on GPUs, the coordination
+# service); another runtime error (out of memory, a bad program) is not a lost peer.
+_LOST_PEER_WORDS = ("gloo", "nccl", "connection", "peer", "socket", "unavailable", "deadline_exceeded", "heartbeat")
+
+
+def lost_a_peer(error: Exception) -> bool:
+    """Whether a runtime error of a multi-process run says another process died or cannot be reached."""
+    text = str(error).lower()
+    return jax.process_count() > 1 and any(word in text for word in _LOST_PEER_WORDS)
+
+
+# () -> (the update the run is at, the updates saved as checkpoints, their directory); set by the training loop.
+Progress = Callable[[], tuple[int, list[int], str]]
+_progress: Progress | None = None
+_ending = threading.Lock()  # one line, from whichever thread notices first
+_LEAVE_BARRIER = "transformer_jax/leave"
+
+
+def report_progress(progress: Progress | None) -> None:
+    """Where the run is, for the line of a lost peer (None: outside the training loop)."""
+    global _progress
+    _progress = progress
+
+
+def end_after_lost_peer(who: str, how: str) -> NoReturn:
+    """Another process (`who`) died or stopped responding (`how` says how it showed). Prints one line (this process, the
+    update, the newest checkpoint, how to resume) and ends this process at once with PEER_LOST_EXIT_CODE: nothing
+    can finish cleanly, since the checkpointer's barriers and the runtime's teardown would wait for the lost one."""
+    _ending.acquire()  # a second caller waits here for the first one's exit
+    me, count = jax.process_index(), jax.process_count()
+    if _progress is None:
+        when, saved = "outside the training loop", "see the workdir's checkpoints"
+    else:
+        update, checkpoints, where = _progress()
+        when = f"at update {update}"
+        saved = f"the newest checkpoint is update {max(checkpoints)} in {where}" if checkpoints else "no checkpoint yet"
+    print(
+        f"PeerLostError: process {me} of {count} lost {who} {when} ({how}); {saved}. Nothing is wrong with the run's "
+        "settings: relaunch the same command on every host and training resumes from the newest intact checkpoint.",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(PEER_LOST_EXIT_CODE)
+
+
+def end_after_failed_collective(error: Exception) -> NoReturn:
+    """end_after_lost_peer for a collective that failed with `error` (lost_a_peer(error) is true)."""
+    reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+    other = f"process {1 - jax.process_index()}" if jax.process_count() == 2 else "another process"
+    end_after_lost_peer(other, f"a collective failed: {reason}")
+
+
+class PeerWatch:
+    """Ends this process by end_after_lost_peer when another process of the run dies or stops responding.
+
+    A daemon thread asks the coordination service which processes are alive, over and over: the service answers
+    once every live process has asked, or once one has missed its heartbeats for heartbeat_timeout seconds. A
+    process gone before this one began to leave (`shutdown`) was lost.
+    """
+
+    active: PeerWatch | None = None
+
+    def __init__(self, heartbeat_timeout: int):
+        self.heartbeat_timeout = heartbeat_timeout
+        self.leaving = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="PeerWatch", daemon=True)
+
+    @classmethod
+    def start(cls, heartbeat_timeout: int) -> None:
+        cls.active = cls(heartbeat_timeout)
+        cls.active._thread.start()
+
+    def _watch(self) -> None:
+        client, everyone = _client(), list(range(jax.process_count()))
+        while not self.leaving.is_set():
+            try:
+                live = set(client.get_live_nodes(everyone))  # a dict (jax 0.12) or a list (jax 0.7) of ids
+            except Exception as error:  # the service itself is gone
+                if self.leaving.is_set():
+                    return
+                reason = str(error).strip().splitlines()[0][:200]
+                end_after_lost_peer("process 0", f"the coordination service it hosts stopped answering: {reason}")
+            if live != set(everyone) and not self.leaving.is_set():
+                lost = ", ".join(str(i) for i in sorted(set(everyone) - live))
+                end_after_lost_peer(
+                    f"process {lost}",
+                    f"no heartbeat for heartbeat_timeout={self.heartbeat_timeout} s: it died, hangs or cannot be "
+                    "reached",
+                )
+            time.sleep(1.0)
+
+
+def _leave(heartbeat_timeout: int) -> None:
+    """Leaves the run in order: every process meets at a barrier (a process that does not come within the timeout
+    was lost; leaving goes on), and process 0, which hosts the coordination service, stops last, once the others
+    have disconnected: a process still connected when the service stops is aborted by the runtime."""
+    from jax._src.distributed import global_state
+
+    client, timeout = global_state.client, max(60, heartbeat_timeout)
+    if client is None:  # never connected: nothing to leave in order
         jax.distributed.shutdown()
+        return
+    with contextlib.suppress(Exception):
+        client.wait_at_barrier(_LEAVE_BARRIER, 1000 * timeout)
+    if jax.process_index() == 0:
+        everyone, deadline = list(range(jax.process_count())), time.monotonic() + heartbeat_timeout + 10
+        with contextlib.suppress(Exception):
+            while set(client.get_live_nodes(everyone)) != {0} and time.monotonic() < deadline:
+                time.sleep(0.2)
+    jax.distributed.shutdown()
 
 
 def shutdown() -> None:
-    """Leaves the distributed run (waits for the other processes); a no-op for one process."""
-    if jax.distributed.is_initialized():
-        jax.distributed.shutdown()
+    """Leaves the distributed run once every process has come to its end (`_leave`); a no-op for one process. Runs at
+    exit."""
+    watch, PeerWatch.active = PeerWatch.active, None
+    if watch is None or not jax.distributed.is_initialized():
+        return
+    watch.leaving.set()
+    _leave(watch.heartbeat_timeout)

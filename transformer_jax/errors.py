@@ -1,7 +1,7 @@
 """The errors a user can fix: a config, a file, a path, a launch, a run that diverged.
 
 Each says what is wrong and how to fix it. The command line prints such an error as one line and exits 1 (2 for
-a config); any other exception is a bug in this package and shows its traceback.
+a config or an argument out of range); any other exception is a bug in this package and shows its traceback.
 """
 
 
@@ -15,3 +15,12 @@ class DataError(UserError, ValueError):
 
 class UsageError(UserError, ValueError):
     """Command-line arguments that do not go together."""
+
+
+class ConfigError(UserError, ValueError):
+    """The experiment config is wrong; the message says which field and how to fix it."""
+
+
+class ArgumentError(UserError, ValueError):
+    """An argument's value out of its range (a count below 1, a fraction above 1): exit 2, as for a value argparse
+    refuses."""

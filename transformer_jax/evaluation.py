@@ -7,7 +7,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from transformer_jax.metrics import Scores, score
+from transformer_jax.scoring import Scores, score
 from transformer_jax.translate import Translator
 
 

@@ -11,12 +11,12 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from transformer_jax.config import ModelConfig
-from transformer_jax.decoding.kv_cache import Lineage
 from transformer_jax.layers.attention import MultiHeadAttention
 from transformer_jax.layers.embedding import PositionalEncoding, TokenEmbedding
 from transformer_jax.layers.feedforward import FeedForward
 from transformer_jax.layers.init import bias_init, kernel_init
-from transformer_jax.layers.masks import causal_mask, combine_masks, padding_mask, segment_mask
+from transformer_jax.layers.kv_cache import Lineage
+from transformer_jax.layers.masks import causal_mask, combine_masks, padding_mask, real_mask, segment_mask
 
 
 def layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
@@ -164,7 +164,7 @@ class Decoder(nn.Module):
 
     def _decode_step(self, y, cache_block: int):
         """Decode mode: this step's positions [batch, 1] and the self-attention mask over the cached key slots, from
-        the one Lineage all layers share (decoding/kv_cache.py). The call that makes the cache only sizes it."""
+        the one Lineage all layers share (layers/kv_cache.py). The call that makes the cache only sizes it."""
         if not self.has_variable("cache", "lineage"):
             self.put_variable("cache", "lineage", Lineage.empty(y.shape[0], y.shape[1], cache_block))
             return default_positions(y), None
@@ -197,6 +197,10 @@ class Transformer(nn.Module):
             source_embedding, target_embedding = self.source_embed, self.target_embed
         self.encoder = Encoder(cfg, embedding=source_embedding)
         self.decoder = Decoder(cfg, embedding=target_embedding)
+        if cfg.final_logits_bias:
+            self.logits_bias = self.param(
+                "final_logits_bias", bias_init(("vocab",)), (cfg.vocab_size,), cfg.param_dtype
+            )  # [vocab]
 
     def _check_length(self, name: str, tokens) -> None:
         """Positions index a table of max_len rows (§3.5): a longer input would read past it."""
@@ -232,7 +236,7 @@ class Transformer(nn.Module):
 
         encoded: [batch, src_len, d_model] from `encode`; inputs: the source ids, for its padding mask.
         With decode=True, decoder_inputs is one step [batch, 1] and the 'cache' collection is mutable; the call
-        that makes the cache (decoding/cache.init_cache) sets its layout: `cache_block` consecutive rows (the
+        that makes the cache (decoding/steps.init_cache) sets its layout: `cache_block` consecutive rows (the
         hypotheses of one source in beam search) keep their self-attention keys in one group.
         """
         cfg = self.config
@@ -241,21 +245,36 @@ class Transformer(nn.Module):
             self_mask = None  # the cache masks the positions not yet written
             cross_mask = (inputs != cfg.pad_id)[:, None, None, :]  # [batch, 1, 1, src_len]
         else:
+            target_real = self._target_real(decoder_inputs, targets_positions)  # [batch, tgt_len]
             self_mask = combine_masks(
-                padding_mask(decoder_inputs, decoder_inputs, cfg.pad_id),
+                real_mask(target_real, target_real),
                 causal_mask(decoder_inputs.shape[1]),
                 None if targets_segmentation is None else segment_mask(targets_segmentation, targets_segmentation),
             )  # [batch, 1, tgt_len, tgt_len]
             cross_mask = combine_masks(
-                padding_mask(decoder_inputs, inputs, cfg.pad_id),
+                real_mask(target_real, inputs != cfg.pad_id),
                 None if targets_segmentation is None else segment_mask(targets_segmentation, inputs_segmentation),
             )  # [batch, 1, tgt_len, src_len]
         y = self.decoder(
             decoder_inputs, encoded, self_mask, cross_mask, targets_positions, deterministic, decode, cache_block
         )
         if cfg.share_embeddings:
-            return self.embed.attend(y)
-        return self.output_projection(y.astype(jnp.float32))
+            logits = self.embed.attend(y)
+        else:
+            logits = self.output_projection(y.astype(jnp.float32))  # [batch, tgt_len, vocab]
+        if cfg.final_logits_bias:
+            logits = logits + self.logits_bias.astype(jnp.float32)
+        return logits
+
+    def _target_real(self, decoder_inputs, targets_positions) -> jnp.ndarray:
+        """[batch, tgt_len]: the decoder inputs that are tokens, not padding; where the decoder starts from pad
+        (bos_id == pad_id, as Marian), the start token at each sequence's position 0 counts as a token."""
+        cfg = self.config
+        real = decoder_inputs != cfg.pad_id
+        if cfg.bos_id == cfg.pad_id:
+            positions = default_positions(decoder_inputs) if targets_positions is None else targets_positions
+            real = real | (positions == 0)
+        return real
 
     def __call__(
         self,

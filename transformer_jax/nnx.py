@@ -7,7 +7,7 @@ The maths stays in model.py and layers/; each class here wraps one Linen module 
     logits = model(src, tgt_in)                      # [batch, tgt_len, vocab]; deterministic=False: dropout
     model, tokenizer = tnnx.load("runs/demo")        # a trained workdir's checkpoint
     sequences, scores = beam_search(*tnnx.as_linen(model), src)     # decoding/ on the same parameters
-    model = tnnx.sharded(lambda: tnnx.Transformer(cfg, rngs=nnx.Rngs(0)), mesh, parallel.FSDP_RULES)
+    model = tnnx.sharded(lambda: tnnx.Transformer(cfg, rngs=nnx.Rngs(0)), mesh, sharding.FSDP_RULES)
 
 Variables keep the Linen names, so `nnx.state(model, nnx.Param)` is the Linen `params` tree (`embed/embedding`,
 `encoder/layer_0/self_attention/query/kernel`, ...), and each Param keeps its logical axis names ('vocab',
@@ -29,14 +29,14 @@ from flax import nnx, traverse_util
 from flax.nnx import bridge
 from jax.sharding import Mesh
 
-from transformer_jax import layers, model, parallel
+from transformer_jax import layers, model, sharding
 from transformer_jax.config import ModelConfig
-from transformer_jax.decoding.cache import as_params
+from transformer_jax.decoding.steps import as_params
 
 M = TypeVar("M", bound=nnx.Module)
 
 # flax >= 0.12 shards a Variable that has axis names as it is made, reading them as mesh axes (or by a rule table of
-# its own, see `shardings`); ours are logical names placed by parallel.py's tables, so that is off while our
+# its own, see `shardings`); ours are logical names placed by sharding.py's tables, so that is off while our
 # modules are made. flax 0.11 has no eager sharding.
 _eager_sharding = getattr(nnx, "use_eager_sharding", lambda _: contextlib.nullcontext())
 
@@ -161,9 +161,9 @@ def load(workdir: str | Path, checkpoint: int | str | None = None) -> tuple[Tran
     return from_params(config, params), tokenizer
 
 
-def shardings(bridged: nnx.Module, mesh: Mesh, rules: parallel.Rules = parallel.DEFAULT_RULES) -> nnx.State:
+def shardings(bridged: nnx.Module, mesh: Mesh, rules: sharding.Rules = sharding.DEFAULT_RULES) -> nnx.State:
     """NamedShardings of the module's state (an nnx.State of the same structure), from the logical axis names in
-    its variables' metadata by one of parallel.py's rule tables; variables without names are replicated.
+    its variables' metadata by one of sharding.py's rule tables; variables without names are replicated.
 
     The rules are applied as the Linen model's are (`nn.logical_to_mesh_sharding`: a name takes its first rule
     whose mesh axes the array does not use yet). `nnx.get_partition_spec` under `nn.logical_axis_rules` would keep
@@ -172,7 +172,7 @@ def shardings(bridged: nnx.Module, mesh: Mesh, rules: parallel.Rules = parallel.
     return nn.logical_to_mesh_sharding(nnx.get_partition_spec(nnx.state(bridged)), mesh, rules)
 
 
-def sharded(create: Callable[[], M], mesh: Mesh, rules: parallel.Rules = parallel.DEFAULT_RULES) -> M:
+def sharded(create: Callable[[], M], mesh: Mesh, rules: sharding.Rules = sharding.DEFAULT_RULES) -> M:
     """`create()` (e.g. `lambda: Transformer(config, rngs=nnx.Rngs(0))`) jitted so that every variable is made in
     its sharding over `mesh` by `rules`: no device holds the whole model on the way. For a model made already
     (`load`), `nnx.update(model, jax.device_put(nnx.state(model), shardings(model, mesh, rules)))`."""

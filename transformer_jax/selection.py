@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Literal
 
-BestMetric = Literal["perplexity", "bleu"]
+BestMetric = Literal["perplexity", "bleu"]  # train.best_metric, `average --metric`
 # metric -> (the metrics.jsonl row kind, its field, which way is better)
-BEST_METRICS: dict[str, tuple[str, str, Literal["min", "max"]]] = {
+BEST_METRICS: dict[BestMetric, tuple[str, str, Literal["min", "max"]]] = {
     "perplexity": ("eval", "perplexity", "min"),
     "bleu": ("bleu", "bleu", "max"),
 }

@@ -1,7 +1,9 @@
-"""Translating text with a trained model: length-batched, order-preserving, greedy or beam search.
+"""Translating text with a trained model: length-batched, order-preserving; beam search, greedy or sampling, each
+optionally continuing a given target prefix; and scoring given translations.
 
 translator = Translator.from_workdir("runs/tiny", checkpoint="averaged")
 translator.translate(["three small red cats"])      # -> ["drei kleine rote Katzen"]
+translator.score(["three small red cats"], ["drei kleine rote Katzen"])   # -> [ReferenceScore(log_prob, tokens)]
 """
 
 from __future__ import annotations
@@ -15,23 +17,38 @@ import numpy as np
 from tqdm import tqdm
 
 from transformer_jax.config import ModelConfig
-from transformer_jax.decoding import DecodeConfig, beam_search, greedy_decode
+from transformer_jax.decoding import (
+    DecodeConfig,
+    Ensemble,
+    beam_search,
+    ensemble_params,
+    greedy_decode,
+    sample,
+    token_log_probs,
+)
 from transformer_jax.errors import UserError
 from transformer_jax.model import Transformer
 from transformer_jax.workdir import load_model_for_inference
 
 logger = logging.getLogger(__name__)
 
-METHODS = ("beam", "greedy")
+METHODS = ("beam", "greedy", "sample")
 TOO_LONG_POLICIES = ("truncate", "error")
 WIDTH_MULTIPLE = 16  # source widths are rounded up to this, so jit compiles a handful of shapes
 
 
 class Hypothesis(NamedTuple):
-    """A translation and its score (beam: length-normalised log-probability; greedy: log-probability)."""
+    """A translation and its score (beam: length-normalised log-probability; greedy, sample: log-probability)."""
 
     text: str
     score: float
+
+
+class ReferenceScore(NamedTuple):
+    """A given translation's log P(target | source) and its tokens' log-probabilities (target pieces, then EOS)."""
+
+    log_prob: float
+    tokens: list[float]
 
 
 class InputTooLongError(UserError, ValueError):
@@ -43,11 +60,12 @@ class InputTooLongError(UserError, ValueError):
 
 
 class Translator:
-    """Translates lines with a (model config, params, tokenizer) triple; outputs come back in input order."""
+    """Translates lines with a (model config, params, tokenizer) triple; outputs come back in input order. With a
+    tuple of model configs and a list of their params, the models decode as one ensemble (decoding.Ensemble)."""
 
     def __init__(
         self,
-        model_config: ModelConfig,
+        model_config: ModelConfig | tuple[ModelConfig, ...],
         params,
         tokenizer,
         *,
@@ -66,18 +84,44 @@ class Translator:
             raise ValueError(f"batch_size must be positive, got {batch_size}.")
         if max_tokens is not None and max_tokens < 1:
             raise ValueError(f"max_tokens must be positive, got {max_tokens}.")
-        self.model_config = model_config
-        self.model = Transformer(model_config.replace(dropout_rate=0.0))
-        self.params = params
+        self.model: Transformer | Ensemble
+        if isinstance(model_config, tuple):
+            self.model = Ensemble(tuple(member.replace(dropout_rate=0.0) for member in model_config))
+            self.params = ensemble_params(params)
+        else:
+            self.model = Transformer(model_config.replace(dropout_rate=0.0))
+            self.params = params
+        self.model_config = self.model.config
         self.tokenizer = tokenizer
         self.decode_config = decode_config or DecodeConfig()
         self.method, self.batch_size, self.max_tokens, self.on_too_long = method, batch_size, max_tokens, on_too_long
 
     @classmethod
-    def from_workdir(cls, workdir: str | Path, checkpoint: str | int | None = None, **options) -> Translator:
-        """checkpoint: None (latest), a step, 'averaged' (written by `transformer-jax average`)."""
+    def from_workdir(
+        cls, workdir: str | Path, checkpoint: str | int | None = None, *, ensemble: Sequence[str | Path] = (), **options
+    ) -> Translator:
+        """checkpoint: None (latest), a step, 'averaged' (written by `transformer-jax average`). ensemble: more
+        workdirs (the same checkpoint name of each, the same tokenizer) decoded together with this one."""
         model_config, params, tokenizer = load_model_for_inference(workdir, checkpoint)
-        return cls(model_config, params, tokenizer, **options)
+        if not ensemble:
+            return cls(model_config, params, tokenizer, **options)
+        configs, all_params = [model_config], [params]
+        for other in ensemble:
+            other_config, other_params, other_tokenizer = load_model_for_inference(other, checkpoint)
+            if other_tokenizer.fingerprint != tokenizer.fingerprint:
+                raise UserError(
+                    f"{other} has another tokenizer than {workdir}: an ensemble's models must share one vocabulary "
+                    "(train them on the same data with the same data.vocab_size and seed, or copy one tokenizer)."
+                )
+            configs.append(other_config)
+            all_params.append(other_params)
+        return cls(tuple(configs), all_params, tokenizer, **options)
+
+    def _limits(self) -> int:
+        """Hypotheses a line can have: 1 (greedy), the beam size, or the samples drawn."""
+        return {"greedy": 1, "beam": self.decode_config.beam_size, "sample": self.decode_config.num_samples}[
+            self.method
+        ]
 
     def encode_source(self, line: str, line_number: int) -> list[int]:
         """Pieces + EOS, at most max_len tokens; longer input is truncated with a warning or refused."""
@@ -98,25 +142,41 @@ class Translator:
         return [hypotheses[0].text for hypotheses in self.translate_nbest(lines, progress=progress)]
 
     def translate_nbest(
-        self, lines: Sequence[str], *, nbest: int = 1, progress: bool = False, first_line: int = 1
+        self,
+        lines: Sequence[str],
+        *,
+        nbest: int = 1,
+        progress: bool = False,
+        numbers: Sequence[int] | None = None,
+        prefixes: Sequence[str] | None = None,
     ) -> list[list[Hypothesis]]:
         """The `nbest` best hypotheses of each line, best first, with scores (beam: log P / lp(|Y|), §6.1;
-        greedy: log P, one hypothesis). A blank line gives one empty hypothesis with score 0. Messages number
-        the lines from `first_line`."""
-        limit = 1 if self.method == "greedy" else self.decode_config.beam_size
+        greedy: log P, one hypothesis; sample: the first `nbest` samples, in the order drawn, log P). A blank
+        line gives one empty hypothesis with score 0. prefixes: per line, the target text every hypothesis starts
+        with ('' for none). numbers: the lines' 1-based numbers in their file (default 1, 2, ...), for messages
+        and as sampling's sentence ids."""
+        limit = self._limits()
         if not 1 <= nbest <= limit:
-            why = "greedy decoding keeps one hypothesis" if self.method == "greedy" else "the beam size"
-            raise ValueError(f"nbest={nbest} must lie in [1, {limit}] ({why}); raise --beam-size for more.")
+            why = {"greedy": "greedy decoding keeps one hypothesis", "beam": "the beam size; raise --beam-size"}
+            raise ValueError(
+                f"nbest={nbest} must lie in [1, {limit}] ({why.get(self.method, 'the samples; raise --num-samples')})."
+            )
+        numbers = list(range(1, len(lines) + 1)) if numbers is None else list(numbers)
+        for given, what in ((prefixes, "prefixes"), (numbers, "line numbers")):
+            if given is not None and len(given) != len(lines):
+                raise ValueError(f"{len(given)} {what} for {len(lines)} lines: give one per line.")
         sources = {
             index: self.encode_source(line, number)  # line index -> ids, blank lines left out
-            for index, (number, line) in enumerate(enumerate(lines, start=first_line))
+            for index, (number, line) in enumerate(zip(numbers, lines))
             if line.strip()
         }
         outputs = [[Hypothesis("", 0.0)] for _ in lines]
         order = sorted(sources, key=lambda index: len(sources[index]))
         bar = tqdm(total=len(order), unit="sent", disable=not progress, desc=f"{self.method} decode", leave=False)
         for batch_indices in self._batches(order, sources):
-            decoded = self._decode_batch([sources[i] for i in batch_indices], nbest)
+            forced = [self.tokenizer.encode_target(prefixes[i]) if prefixes else [] for i in batch_indices]
+            ids = [numbers[i] - 1 for i in batch_indices]  # 0-based line numbers
+            decoded = self._decode_batch([sources[i] for i in batch_indices], nbest, ids, forced)
             for index, hypotheses in zip(batch_indices, decoded):
                 outputs[index] = hypotheses
             bar.update(len(batch_indices))
@@ -124,32 +184,60 @@ class Translator:
         return outputs
 
     def translate_stream(
-        self, lines: Iterable[str], *, chunk_lines: int = 1000, nbest: int = 1, progress: bool = False
-    ) -> Iterator[tuple[str, list[Hypothesis]]]:
-        """(source line, n-best hypotheses) chunk by chunk (length-batched within each chunk), in input order."""
+        self,
+        lines: Iterable[str],
+        *,
+        chunk_lines: int = 1000,
+        nbest: int = 1,
+        progress: bool = False,
+        prefixes: Iterable[str] | None = None,
+        shard: tuple[int, int] = (0, 1),
+        skip: int = 0,
+    ) -> Iterator[tuple[int, str, list[Hypothesis]]]:
+        """(line number, source line, n-best hypotheses) chunk by chunk (length-batched within each chunk), in input
+        order, reading `lines` as they come (a file of any size). prefixes: per line, the target text its
+        hypotheses start with. shard=(k, n): only the lines whose 0-based number is k modulo n (process k of n
+        translating one file); skip: leave out this shard's first `skip` lines (done before a restart). A line's
+        output depends on its number, not on the shard or the chunk."""
+        k, n = shard
+        if not 0 <= k < n:
+            raise ValueError(f"shard {k}/{n}: the shard index must lie in [0, {n}).")
+        prefix_lines = iter(prefixes) if prefixes is not None else None
 
-        def translated(chunk: list[str], first: int):
+        def numbered() -> Iterator[tuple[int, str, str]]:
+            kept = 0
+            for number, line in enumerate(lines, start=1):
+                prefix = "" if prefix_lines is None else _next_prefix(prefix_lines, number)
+                if (number - 1) % n == k:
+                    kept += 1
+                    if kept > skip:
+                        yield number, line.rstrip("\n"), prefix
+
+        def translated(chunk: list[tuple[int, str, str]]):
+            numbers, texts, given = (list(column) for column in zip(*chunk))
+            forced = given if prefix_lines is not None else None
             try:
-                results = self.translate_nbest(chunk, nbest=nbest, progress=progress, first_line=first)
+                results = self.translate_nbest(texts, nbest=nbest, progress=progress, numbers=numbers, prefixes=forced)
             except InputTooLongError as error:  # refused line: the lines before it still come out, then the error
-                before = chunk[: error.line_number - first]
-                yield from zip(before, self.translate_nbest(before, nbest=nbest, progress=progress, first_line=first))
+                before = chunk[: numbers.index(error.line_number)]
+                if before:
+                    yield from translated(before)
                 raise
-            yield from zip(chunk, results)
+            yield from zip(numbers, texts, results)
 
-        chunk: list[str] = []
-        first = 1
+        chunk: list[tuple[int, str, str]] = []
         try:
-            for line in lines:
-                chunk.append(line.rstrip("\n"))
+            for item in numbered():
+                chunk.append(item)
                 if len(chunk) == chunk_lines:
-                    yield from translated(chunk, first)
-                    first, chunk = first + len(chunk), []
+                    yield from translated(chunk)
+                    chunk = []
         except UnicodeDecodeError:  # bytes that are not UTF-8: the lines read before them still come out
-            yield from translated(chunk, first)
+            if chunk:
+                yield from translated(chunk)
             raise
         if chunk:
-            yield from translated(chunk, first)
+            yield from translated(chunk)
 
     def _width(self, length: int) -> int:
         return min(self.model_config.max_len, -(-length // WIDTH_MULTIPLE) * WIDTH_MULTIPLE)
@@ -168,20 +256,33 @@ class Translator:
             yield order[start:end]
             start = end
 
-    def _decode_batch(self, sources: list[list[int]], nbest: int) -> list[list[Hypothesis]]:
+    def _inputs(self, sources: list[list[int]]) -> np.ndarray:
+        """[rows, width] padded ids of `sources`; the filler rows beyond them are empty sentences (EOS)."""
         cfg = self.model_config
         width = self._width(max(map(len, sources)))
         inputs = np.full((self._rows(width), width), cfg.pad_id, np.int32)  # [rows, width]
-        inputs[:, 0] = cfg.eos_id  # filler rows: an empty sentence
+        inputs[:, 0] = cfg.eos_id
         for row, ids in enumerate(sources):
             inputs[row, : len(ids)] = ids
+        return inputs
+
+    def _decode_batch(
+        self, sources: list[list[int]], nbest: int, line_ids: list[int], prefixes: list[list[int]]
+    ) -> list[list[Hypothesis]]:
+        inputs = self._inputs(sources)
+        model, params, config = self.model, self.params, self.decode_config
         if self.method == "greedy":
             tokens, _, log_probs = greedy_decode(
-                self.model, self.params, inputs, config=self.decode_config, return_log_probs=True
+                model, params, inputs, config=config, prefixes=prefixes, return_log_probs=True
             )
             sequences, scores = np.asarray(tokens)[:, None], np.asarray(log_probs)[:, None]  # [rows, 1, ...]
+        elif self.method == "sample":
+            ids = np.zeros((inputs.shape[0],), np.int32)  # [rows]; filler rows' draws are thrown away
+            ids[: len(line_ids)] = line_ids
+            tokens, _, log_probs = sample(model, params, inputs, config=config, prefixes=prefixes, sentence_ids=ids)
+            sequences, scores = np.asarray(tokens), np.asarray(log_probs)  # [rows, samples, length], [rows, samples]
         else:
-            sequences, scores = beam_search(self.model, self.params, inputs, config=self.decode_config, nbest=nbest)
+            sequences, scores = beam_search(model, params, inputs, config=config, prefixes=prefixes, nbest=nbest)
             sequences, scores = np.asarray(sequences), np.asarray(scores)  # [rows, nbest, length], [rows, nbest]
         return [
             [
@@ -190,3 +291,45 @@ class Translator:
             ]
             for row in range(len(sources))
         ]
+
+    def score(self, sources: Sequence[str], targets: Sequence[str], *, progress: bool = False) -> list[ReferenceScore]:
+        """log P(target | source) of each given pair, with its tokens' log-probabilities (teacher forcing; the
+        training loss's NLL without label smoothing, negated). Both sides are encoded as in training (pieces + EOS);
+        a source longer than max_len is handled by on_too_long, a target longer than max_len is refused."""
+        if len(sources) != len(targets):
+            raise ValueError(f"{len(sources)} sources but {len(targets)} targets: score needs one target per source.")
+        cfg = self.model_config
+        pairs = {}
+        for index, (source, target) in enumerate(zip(sources, targets)):
+            target_ids = self.tokenizer.encode_target(target) + [cfg.eos_id]
+            if len(target_ids) > cfg.max_len:
+                raise InputTooLongError(
+                    f"target line {index + 1} has {len(target_ids)} tokens, more than the model's max_len="
+                    f"{cfg.max_len}; shorten it.",
+                    index + 1,
+                )
+            pairs[index] = (self.encode_source(source, index + 1), target_ids)
+        longest = {index: max(map(len, pair)) for index, pair in pairs.items()}
+        order = sorted(pairs, key=longest.__getitem__)
+        results: list[ReferenceScore] = [ReferenceScore(0.0, []) for _ in sources]
+        bar = tqdm(total=len(order), unit="sent", disable=not progress, desc="score", leave=False)
+        for batch_indices in self._batches(order, {i: [0] * longest[i] for i in order}):
+            inputs = self._inputs([pairs[i][0] for i in batch_indices])
+            targets_array = np.full((inputs.shape[0], self._width(max(longest[i] for i in batch_indices))), cfg.pad_id)
+            for row, index in enumerate(batch_indices):
+                targets_array[row, : len(pairs[index][1])] = pairs[index][1]
+            per_token = np.asarray(token_log_probs(self.model, self.params, inputs, targets_array))  # [rows, width]
+            for row, index in enumerate(batch_indices):
+                tokens = per_token[row, : len(pairs[index][1])].tolist()
+                results[index] = ReferenceScore(float(np.sum(per_token[row])), tokens)
+            bar.update(len(batch_indices))
+        bar.close()
+        return results
+
+
+def _next_prefix(prefixes: Iterator[str], number: int) -> str:
+    """The prefix of input line `number`; running out first is an error naming the line."""
+    try:
+        return next(prefixes).rstrip("\n")
+    except StopIteration:
+        raise UserError(f"the prefixes end before input line {number}: give one per input line.") from None

@@ -1,8 +1,9 @@
-"""Pictures people would rather look at than read: attention maps and positional encodings, as PNG."""
+"""Pictures people would rather look at than read: attention maps, positional encodings and runs' validation
+curves against wall-clock minutes, as PNG."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import jax
@@ -68,6 +69,29 @@ def plot_positional_encoding(table: np.ndarray, path: str | Path) -> Path:
     axis.set_xlabel("dimension")
     axis.set_ylabel("position")
     figure.colorbar(image, ax=axis)
+    figure.tight_layout()
+    path = Path(path)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def plot_validation_against_minutes(
+    runs: Mapping[str, Mapping[str, Sequence[tuple[float, float]]]], path: str | Path
+) -> Path:
+    """Validation BLEU and perplexity (log scale) against wall-clock minutes, a line per run, from
+    {label: {"bleu": [(minutes, greedy BLEU)], "perplexity": [(minutes, perplexity)]}}."""
+    figure, (bleu_axis, ppl_axis) = plt.subplots(1, 2, figsize=(11, 4))
+    for label, curves in runs.items():
+        for axis, key in ((bleu_axis, "bleu"), (ppl_axis, "perplexity")):
+            if curves[key]:
+                minutes, values = zip(*curves[key])
+                axis.plot(minutes, values, marker="o", label=label)
+    bleu_axis.set(xlabel="wall-clock minutes", ylabel="validation BLEU (greedy, 13a, cased)", title="BLEU")
+    ppl_axis.set(xlabel="wall-clock minutes", ylabel="validation perplexity", yscale="log", title="perplexity")
+    for axis in (bleu_axis, ppl_axis):
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
     figure.tight_layout()
     path = Path(path)
     figure.savefig(path, dpi=110)

@@ -79,7 +79,7 @@ def main(argv=None) -> dict:
     import jax.numpy as jnp
 
     from transformer_jax import config as presets
-    from transformer_jax import parallel
+    from transformer_jax import sharding
     from transformer_jax.accounting import forward_flops
     from transformer_jax.decoding import beam_search, greedy_decode
     from transformer_jax.model import Transformer
@@ -87,7 +87,7 @@ def main(argv=None) -> dict:
     devices = jax.devices()
     kind = devices[0].device_kind
     peak = peak_tflops(kind)
-    mesh = parallel.make_mesh()
+    mesh = sharding.make_mesh()
     report = {
         "backend": jax.default_backend(),
         "device_kind": kind,
@@ -123,7 +123,7 @@ def main(argv=None) -> dict:
                 attention_impl=impl,
             )
             rows = max(len(devices), args.tokens // args.length // len(devices) * len(devices))
-            batch = parallel.global_batch(synthetic_batch(cfg, rows, args.length), mesh, parallel.DEFAULT_RULES)
+            batch = sharding.global_batch(synthetic_batch(cfg, rows, args.length), mesh, sharding.DEFAULT_RULES)
             library_step = LibraryStep(cfg, mesh)
 
             def train_once():

@@ -121,7 +121,7 @@ def main(argv=None) -> dict:
     import torch
 
     from transformer_jax import config as presets
-    from transformer_jax import parallel
+    from transformer_jax import sharding
     from transformer_jax.accounting import forward_flops
     from transformer_jax.experiment import OptimizerConfig, TrainConfig
     from transformer_jax.interop import torch as interop
@@ -130,7 +130,7 @@ def main(argv=None) -> dict:
 
     torch.set_num_threads(args.threads)
     train_cfg, optimizer_cfg = TrainConfig(), OptimizerConfig()
-    mesh = parallel.make_mesh()
+    mesh = sharding.make_mesh()
 
     def matmul_gflops() -> dict:
         n = 2048

@@ -37,8 +37,8 @@ from transformer_jax.decoding import (  # noqa: E402
     init_cache,
     transformer_step_fn,
 )
-from transformer_jax.decoding.cache import encode  # noqa: E402
 from transformer_jax.decoding.config import cache_lengths  # noqa: E402
+from transformer_jax.decoding.steps import encode  # noqa: E402
 from transformer_jax.model import Transformer  # noqa: E402
 
 NEVER = -1  # an EOS id no step can produce

@@ -113,9 +113,9 @@ def group_of(text: str, source: str, vocab: int) -> str:
 def profile_jax(cfg, batch, steps: int) -> dict:
     import jax
 
-    from transformer_jax import parallel
+    from transformer_jax import sharding
 
-    library_step = LibraryStep(cfg, parallel.make_mesh())
+    library_step = LibraryStep(cfg, sharding.make_mesh())
     step, state = library_step.step, library_step.state
     instructions = hlo_instructions(step.lower(state, batch).compile().as_text())
     for _ in range(3):
@@ -152,7 +152,7 @@ def profile_torch(cfg, batch, steps: int) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from transformer_jax import parallel
+    from transformer_jax import sharding
     from transformer_jax.experiment import OptimizerConfig, TrainConfig
     from transformer_jax.interop import torch as interop
     from transformer_jax.train.optimizer import make_optimizer
@@ -160,7 +160,7 @@ def profile_torch(cfg, batch, steps: int) -> dict:
 
     train_cfg, optimizer_cfg = TrainConfig(), OptimizerConfig()
     params = jax.device_get(
-        create_train_state(cfg, make_optimizer(optimizer_cfg, cfg.d_model)[0], 0, parallel.make_mesh())[0].params
+        create_train_state(cfg, make_optimizer(optimizer_cfg, cfg.d_model)[0], 0, sharding.make_mesh())[0].params
     )
     model = interop.TorchTransformer(cfg)
     model.load_state_dict(interop.flax_to_torch_state_dict(params, cfg))

@@ -1,8 +1,8 @@
 """Decoding speed on real sentences, side by side with CTranslate2 on the same weights: sentences/s, BLEU and how
-many outputs are identical.
+many outputs are identical. --top-p adds sampling runs (back-translation) beside greedy and beam.
 
     python experiments/bench/search_speed.py --workdir runs/m30k --checkpoint averaged \\
-        --source ../shared/data/multi30k/test_2016_flickr.en --reference ../shared/data/multi30k/test_2016_flickr.de
+        --source /path/to/multi30k/test_2016_flickr.en --reference /path/to/multi30k/test_2016_flickr.de
 
 Text in, text out, warm: each method translates the whole file once untimed (compiling every padded width it
 meets), then --repeats times, timed; the best pass counts. Both engines get the same length-sorted batches of
@@ -51,10 +51,12 @@ def best_time(translate: Callable[[], list[str]], repeats: int) -> tuple[float, 
     return cold, min(warm), outputs
 
 
-def project_runs(base: Translator, beams: list[int], decode: DecodeConfig, batch_size: int):
-    """(name, translate function) for greedy and each beam size through the library's Translator."""
+def project_runs(base: Translator, beams: list[int], top_ps: list[float], decode: DecodeConfig, batch_size: int):
+    """(name, translate function) for greedy, each beam size and sampling with each top-p through the library's
+    Translator."""
     runs = [("greedy", decode, "greedy")] if 1 in beams else []
     runs += [(f"beam {k}", decode.replace(beam_size=k), "beam") for k in beams if k > 1]
+    runs += [(f"sample top-p {p}", decode.replace(top_p=p), "sample") for p in top_ps]
     for name, decode_config, method in runs:
         translator = Translator(
             base.model_config,
@@ -123,6 +125,7 @@ def main(argv=None):
     parser.add_argument("--lines", type=int, default=None, help="only the first N lines")
     parser.add_argument("--batch-size", type=int, default=100, help="sentences per batch (every engine)")
     parser.add_argument("--beams", default="1,4,5", help="comma-separated beam sizes (1 = greedy)")
+    parser.add_argument("--top-p", default="", help="comma-separated top-p of sampling runs (1 = the full softmax)")
     parser.add_argument(
         "--cache-segment", type=int, default=DecodeConfig().cache_segment, help="decode.cache_segment of the project"
     )
@@ -165,7 +168,8 @@ def main(argv=None):
     print(f"{len(lines)} sentences, batch {args.batch_size}, alpha {args.alpha}, {cpu_model()}")
     print(f"{'engine':24} {'method':24} {'sent/s':>8} {'warm s':>7} {'BLEU':>6} {'same':>10} {'JAX/this':>9}")
     decode = DecodeConfig(alpha=args.alpha, cache_segment=args.cache_segment)
-    for name, decode_config, translate in project_runs(base, beams, decode, args.batch_size):
+    top_ps = [float(p) for p in args.top_p.split(",") if p]
+    for name, decode_config, translate in project_runs(base, beams, top_ps, decode, args.batch_size):
         record("transformer_jax", name, name, translate, decode=dataclasses.asdict(decode_config))
     if not args.no_ctranslate2:
         import ctranslate2

@@ -1,7 +1,7 @@
 """The benchmarks on two (or more) installed stacks, alternating, on one machine: which JAX is faster here?
 
     python experiments/bench/stacks.py --stack lowest=.venv-lowest/bin/python --stack newest=.venv/bin/python \
-        --data ../shared/data/multi30k --rounds 2
+        --data /path/to/multi30k --rounds 2
 
 Each round runs every benchmark once per stack, the stacks taking turns (jax_vs_torch.py, matmul_forms.py and,
 with --data, train_throughput.py on Multi30k), so slow drift of the machine's speed reaches both stacks alike. Each

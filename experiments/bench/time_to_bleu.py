@@ -2,7 +2,7 @@
 and perplexity against minutes, and the minutes each takes to reach a few BLEU thresholds.
 
     python experiments/bench/time_to_bleu.py --config experiments/multi30k.py --workdir runs/ttb \\
-        --minutes 20 --config.data.path=../shared/data/multi30k [--torch-compile] [--device cuda]
+        --minutes 20 --config.data.path=/path/to/multi30k [--torch-compile] [--device cuda]
 
 JAX trains with the project's own loop (`transformer-jax train`, budget train.max_minutes) in WORKDIR/jax. Then,
 never at the same time, torch trains in WORKDIR/torch on exactly what JAX saw: the same SentencePiece model, the
@@ -33,20 +33,25 @@ import numpy as np
 
 from transformer_jax import cli
 from transformer_jax.errors import UserError
+from transformer_jax.experiment import load_experiment
 from transformer_jax.machine import cpu_model
+from transformer_jax.run_log import read_rows
 from transformer_jax.train import loop
+from transformer_jax.visualize import plot_validation_against_minutes
 
 THRESHOLDS = (20.0, 30.0, 35.0)
 
 
 def jax_run(experiment, workdir: Path) -> dict:
-    """Trains with the project's loop; the curve from its metrics.jsonl."""
+    """Trains with the project's loop; the curve from its run log."""
     loop.train(experiment, workdir)
     return curve_from_metrics(workdir)
 
 
 def curve_from_metrics(workdir: Path) -> dict:
-    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    """{"perplexity": [(minutes, update, perplexity)], "bleu": [(minutes, update, BLEU)], "updates", "tokens_per_s"}
+    of the run in `workdir`, from its run log."""
+    rows = read_rows(workdir)
     train = [row for row in rows if row["kind"] == "train"]
     return {
         "perplexity": [
@@ -115,7 +120,7 @@ def torch_run(experiment, jax_workdir: Path, workdir: Path, *, compile_model: bo
     shutil.copy(jax_workdir / "spm.model", workdir / "spm.model")  # the same vocabulary
     torch.manual_seed(experiment.train.seed)
     train_cfg, opt_cfg = experiment.train, experiment.optimizer
-    with loop.Trainer(experiment, workdir) as trainer:  # the project's data, tokenizer and initial weights
+    with loop.assemble(experiment, workdir) as trainer:  # the project's data, tokenizer and initial weights
         started = time.perf_counter()  # torch's clock starts with its data ready (JAX's includes its set-up)
         cfg = trainer.model_cfg
         model = TorchTransformer(cfg, device=device)
@@ -128,13 +133,13 @@ def torch_run(experiment, jax_workdir: Path, workdir: Path, *, compile_model: bo
             return (time.perf_counter() - started) / 60
 
         curve: dict = {"perplexity": [], "bleu": [], "tokens_per_s": 0.0}
-        pairs = trainer.valid_pairs[: train_cfg.bleu_max_sentences]
+        pairs = trainer.data.valid_pairs[: train_cfg.bleu_max_sentences]
 
         def evaluate(update: int) -> None:
             model.eval()
             totals = np.zeros(2)
             with torch.no_grad():
-                for batch in trainer.valid:
+                for batch in trainer.data.valid:
                     inputs, decoder_inputs, targets = batch_tensors(batch, device)
                     logits = model(inputs, decoder_inputs)
                     totals += [
@@ -157,7 +162,7 @@ def torch_run(experiment, jax_workdir: Path, workdir: Path, *, compile_model: bo
         while update < train_cfg.steps and minutes() < budget:
             began = time.perf_counter()
             target_tokens, source_tokens = train_update(
-                batch_tensors(next(trainer.batches), device), float(schedule(update))
+                batch_tensors(next(trainer.data.batches), device), float(schedule(update))
             )
             update += 1
             if update > 1:  # the first update compiles (torch.compile) or warms up
@@ -183,8 +188,8 @@ def first_batch_losses(experiment, workdir: Path) -> dict:
     from transformer_jax.model import Transformer
     from transformer_jax.train.loss import cross_entropy_sums
 
-    with loop.Trainer(experiment, workdir) as trainer:
-        cfg, params, batch = trainer.model_cfg, jax.device_get(trainer.state.params), next(trainer.batches)
+    with loop.assemble(experiment, workdir) as trainer:
+        cfg, params, batch = trainer.model_cfg, jax.device_get(trainer.state.params), next(trainer.data.batches)
     eps = experiment.train.label_smoothing
     logits = Transformer(cfg.replace(dropout_rate=0.0)).apply(
         {"params": params}, batch["inputs"], batch["decoder_inputs"]
@@ -212,26 +217,6 @@ def first_batch_losses(experiment, workdir: Path) -> dict:
 
 def minutes_to(curve: dict, threshold: float) -> float | None:
     return next((minute for minute, _, bleu in curve["bleu"] if bleu >= threshold), None)
-
-
-def plot(runs: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (bleu_axis, ppl_axis) = plt.subplots(1, 2, figsize=(10, 4))
-    for name, curve in runs.items():
-        bleu_axis.plot([m for m, _, _ in curve["bleu"]], [b for _, _, b in curve["bleu"]], marker="o", label=name)
-        ppl_axis.plot(
-            [m for m, _, _ in curve["perplexity"]], [p for _, _, p in curve["perplexity"]], marker="o", label=name
-        )
-    bleu_axis.set(xlabel="minutes", ylabel="validation BLEU (greedy)")
-    ppl_axis.set(xlabel="minutes", ylabel="validation perplexity", yscale="log")
-    bleu_axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
 
 
 REPORT = "time_to_bleu.json"
@@ -304,7 +289,7 @@ def main(argv=None) -> dict:
     budget_overrides += [("train.steps", repr(args.updates if args.updates else 1_000_000))]
     eval_overrides = [(f"train.{k}", repr(args.eval_every)) for k in ("eval_every", "bleu_every")]
     try:
-        experiment = cli.load_experiment(
+        experiment = load_experiment(
             args.config, overrides + budget_overrides + eval_overrides + [("train.final_bleu", "none")]
         )
         runs, parity = finished_runs(workdir, settings)
@@ -332,7 +317,13 @@ def main(argv=None) -> dict:
             experiment, workdir / "jax", workdir / directory, compile_model=compile_model, device=args.device
         )
     report = write_report(workdir, settings, parity, runs)
-    plot(runs, workdir / "time_to_bleu.png")
+    plot_validation_against_minutes(
+        {
+            name: {key: [(minute, value) for minute, _, value in curve[key]] for key in ("bleu", "perplexity")}
+            for name, curve in runs.items()
+        },
+        workdir / "time_to_bleu.png",
+    )
     print(f"first-batch loss: JAX {parity['jax']:.6f}, torch {parity['torch']:.6f}")
     print(f"{'framework':14} {'updates':>8} {'tok/s':>8} " + " ".join(f"{'min to ' + str(t):>10}" for t in THRESHOLDS))
     for name, curve in runs.items():

@@ -1,7 +1,7 @@
 """torch eager against torch.compile on a recipe's real batches: what `time_to_bleu.py --torch-compile` pays for.
 
     python experiments/bench/torch_compile_batches.py --config experiments/multi30k.py --workdir runs/tcb \\
-        --config.data.path=../shared/data/multi30k [--batches 40] [--rounds 2]
+        --config.data.path=/path/to/multi30k [--batches 40] [--rounds 2]
 
 Takes the first --batches batches of the experiment's pipeline (length buckets: a few distinct shapes) and trains
 two copies of `TorchTransformer` from the same initial weights on them with time_to_bleu's update (the recipe's
@@ -27,6 +27,7 @@ from time_to_bleu import batch_tensors, torch_update_fn  # noqa: E402
 
 from transformer_jax import cli
 from transformer_jax.errors import UserError
+from transformer_jax.experiment import load_experiment
 from transformer_jax.machine import cpu_model
 from transformer_jax.train import loop
 
@@ -45,7 +46,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", help="JSON output (default experiments/bench/results/torch_compile_batches_*.json)")
     args = parser.parse_args(rest)
     try:
-        experiment = cli.load_experiment(args.config, overrides + [("train.progress", "false")])
+        experiment = load_experiment(args.config, overrides + [("train.progress", "false")])
     except UserError as error:
         parser.error(str(error))
     if experiment.data.pack:
@@ -57,9 +58,9 @@ def main(argv=None) -> dict:
     from transformer_jax.interop.torch_reference import TorchTransformer
 
     torch.set_num_threads(args.threads)
-    with loop.Trainer(experiment, Path(args.workdir)) as trainer:
+    with loop.assemble(experiment, Path(args.workdir)) as trainer:
         cfg, params = trainer.model_cfg, jax.device_get(trainer.state.params)
-        batches = [batch_tensors(next(trainer.batches)) for _ in range(args.batches)]
+        batches = [batch_tensors(next(trainer.data.batches)) for _ in range(args.batches)]
     shapes = sorted({(tuple(inputs.shape), tuple(targets.shape)) for inputs, _, targets in batches})
     print(f"{len(batches)} batches, {len(shapes)} shapes (inputs, targets): {shapes}", flush=True)
 

@@ -1,6 +1,6 @@
 """End-to-end training throughput on real data: the whole `train` command, data pipeline and validation included.
 
-    .venv/bin/python experiments/bench/train_throughput.py --data ../shared/data/multi30k --updates 300 \
+    .venv/bin/python experiments/bench/train_throughput.py --data /path/to/multi30k --updates 300 \
         [--config.data.bucket_boundaries='(12,16,20,24,28,32,40,48,64,128)' ...]
 
 Runs experiments/multi30k.py (or --config) for --updates updates in a fresh temporary workdir and reports the
@@ -41,8 +41,9 @@ def main(argv=None) -> dict:
 
     rest, extra = cli.split_overrides(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(rest)
+    from transformer_jax.experiment import load_experiment
+    from transformer_jax.run_log import read_rows
     from transformer_jax.train import loop
-    from transformer_jax.train.progress import read_metrics
 
     overrides = [
         ("data.path", args.data),
@@ -55,12 +56,12 @@ def main(argv=None) -> dict:
         ("train.progress", "false"),
         ("train.log_every", "10"),
     ]
-    config = cli.load_experiment(args.config, overrides + extra)
+    config = load_experiment(args.config, overrides + extra)
     with tempfile.TemporaryDirectory() as workdir:
         started = time.perf_counter()
         summary = loop.train(config, workdir)
         total_s = time.perf_counter() - started
-        rows = [row for row in read_metrics(workdir) if row["kind"] == "train"]
+        rows = [row for row in read_rows(workdir) if row["kind"] == "train"]
     step_tokens_per_s = steps_tokens_per_s(rows)
     target_tokens = sum(row["tokens"] for row in rows)
     report = {

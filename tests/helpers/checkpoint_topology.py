@@ -26,7 +26,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from transformer_jax import checkpoint as ckpt  # noqa: E402
-from transformer_jax import parallel  # noqa: E402
+from transformer_jax import sharding  # noqa: E402
 from transformer_jax.config import tiny  # noqa: E402
 from transformer_jax.experiment import OptimizerConfig  # noqa: E402
 from transformer_jax.train.optimizer import make_optimizer  # noqa: E402
@@ -48,8 +48,8 @@ def main() -> None:
     parser.add_argument("--mesh", required=True, help="e.g. data=4,fsdp=2")
     args = parser.parse_args()
     shape = {axis: int(size) for axis, size in (part.split("=") for part in args.mesh.split(","))}
-    mesh = parallel.make_mesh(shape)
-    rules = parallel.make_rules(fsdp=shape.get("fsdp", 1) > 1)
+    mesh = sharding.make_mesh(shape)
+    rules = sharding.make_rules(fsdp=shape.get("fsdp", 1) > 1)
     model_cfg = tiny(num_encoder_layers=1, num_decoder_layers=1)
     tx, _ = make_optimizer(TRAIN, model_cfg.d_model)
     checkpointer = ckpt.Checkpointer(args.workdir, keep=None, async_save=False)

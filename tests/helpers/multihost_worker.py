@@ -5,7 +5,7 @@
 
 It joins the run with transformer_jax.distributed.initialize (before any other JAX use), builds a mesh over all
 processes' devices (fsdp over every device: the parameters are split across processes), reads only its own rows
-of every global batch (data.batching.TrainBatches with shard_index / shard_count from parallel.data_shard),
+of every global batch (data.batching.TrainBatches with shard_index / shard_count from sharding.data_shard),
 assembles global arrays with jax.make_array_from_process_local_data, trains with the jitted step up to update
 --stop-at (resuming from the latest checkpoint in --workdir, if any), saves an orbax checkpoint from all
 processes, and reports the loss sums of its steps; --params writes this process's shards of the final parameters.
@@ -100,7 +100,7 @@ def main():
     import numpy as np
     import optax
 
-    from transformer_jax import parallel
+    from transformer_jax import sharding
     from transformer_jax.checkpoint import Checkpointer
     from transformer_jax.config import tiny
     from transformer_jax.data.batching import TrainBatches
@@ -114,9 +114,9 @@ def main():
     tx = optax.sgd(
         schedule
     )  # updates linear in the gradient: differences measure the arithmetic (see parallel_layouts)
-    mesh = parallel.make_mesh({"data": 1, "fsdp": -1})
-    rules = parallel.rules_for_mesh(mesh)
-    shard_index, shard_count = parallel.data_shard(mesh, rules)
+    mesh = sharding.make_mesh({"data": 1, "fsdp": -1})
+    rules = sharding.rules_for_mesh(mesh)
+    shard_index, shard_count = sharding.data_shard(mesh, rules)
     batch_shards = mesh.shape["data"] * mesh.shape["fsdp"]
     batches = TrainBatches(
         synthetic_pairs(),
@@ -134,7 +134,7 @@ def main():
         state, shardings, abstract = create_train_state(model_cfg, tx, seed=0, mesh=mesh, rules=rules)
     else:  # as train/loop.py: the abstract state is the restore target; no initialisation is compiled
         boxed = jax.eval_shape(boxed_init_fn(Transformer(model_cfg), tx, 1), jax.random.PRNGKey(0))
-        shardings = parallel.tree_shardings(boxed, mesh, rules)
+        shardings = sharding.tree_shardings(boxed, mesh, rules)
         abstract = jax.tree.map(
             lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
             nn.unbox(boxed),
@@ -145,12 +145,12 @@ def main():
     step_fn = jit_train_step(
         make_train_step(Transformer(model_cfg), tx, schedule, label_smoothing=0.1), shardings, mesh, rules
     )
-    local_param_bytes = sum(parallel.per_device_bytes(state.params).values())
+    local_param_bytes = sum(sharding.per_device_bytes(state.params).values())
     steps = []
     update = int(jax.device_get(state.step))
     while update < args.stop_at:
         local = next(batches)
-        batch = parallel.global_batch(local, mesh, rules)
+        batch = sharding.global_batch(local, mesh, rules)
         state, metrics = step_fn(state, batch)
         update += 1
         steps.append(
@@ -209,13 +209,14 @@ def run_loop(args, settings: dict, started: float) -> None:
     sys.path.insert(0, str(Path(__file__).parents[1]))
     from conftest import tiny_run_overrides
 
-    from transformer_jax import cli, distributed
+    from transformer_jax import distributed
+    from transformer_jax.experiment import load_experiment
     from transformer_jax.train import loop
 
     overrides = tiny_run_overrides(
         args.stop_at, **LOOP_CHANGES, **{f"distributed.{key}": value for key, value in settings.items()}
     )
-    config = cli.load_experiment(str(Path(__file__).parents[2] / "experiments" / "tiny.py"), overrides)
+    config = load_experiment(str(Path(__file__).parents[2] / "experiments" / "tiny.py"), overrides)
     summary = loop.train(config, args.workdir)
     import jax
 

@@ -4,7 +4,7 @@
 
 Launched as a subprocess by tests/test_nnx.py (the device count must be fixed before JAX is imported). For each
 layout, the mesh axes of every parameter as placed by `transformer_jax.nnx.sharded` and by the Linen model's
-jitted init with `parallel.tree_shardings`, and the largest difference between the sharded NNX model's logits and
+jitted init with `sharding.tree_shardings`, and the largest difference between the sharded NNX model's logits and
 the one-device Linen model's on the same parameters.
 """
 
@@ -24,15 +24,17 @@ import numpy as np  # noqa: E402
 from flax import nnx, traverse_util  # noqa: E402
 
 import transformer_jax.nnx as tnnx  # noqa: E402
-from transformer_jax import parallel  # noqa: E402
+from transformer_jax import (
+    sharding,  # noqa: E402
+)
 from transformer_jax.config import tiny  # noqa: E402
 from transformer_jax.model import Transformer  # noqa: E402
 
 LAYOUTS = {
-    "data8": ({"data": 8}, parallel.DEFAULT_RULES),
-    "fsdp4_data2": ({"data": 2, "fsdp": 4}, parallel.FSDP_RULES),
-    "tensor2_data4": ({"data": 4, "tensor": 2}, parallel.TENSOR_RULES),
-    "fsdp2_tensor2_data2": ({"data": 2, "fsdp": 2, "tensor": 2}, parallel.FSDP_TENSOR_RULES),
+    "data8": ({"data": 8}, sharding.DEFAULT_RULES),
+    "fsdp4_data2": ({"data": 2, "fsdp": 4}, sharding.FSDP_RULES),
+    "tensor2_data4": ({"data": 4, "tensor": 2}, sharding.TENSOR_RULES),
+    "fsdp2_tensor2_data2": ({"data": 2, "fsdp": 2, "tensor": 2}, sharding.FSDP_TENSOR_RULES),
 }
 
 
@@ -66,10 +68,10 @@ def main():
     init = jax.jit(lambda key: linen.init(key, src[:1, :1], tgt[:1, :1]))
     out = {"device_count": jax.device_count(), "layouts": {}}
     for name, (shape, rules) in LAYOUTS.items():
-        mesh = parallel.make_mesh(shape)
+        mesh = sharding.make_mesh(shape)
         model = tnnx.sharded(lambda: tnnx.Transformer(cfg, rngs=nnx.Rngs(0)), mesh, rules)
         _, nnx_params = tnnx.as_linen(model)
-        linen_shardings = parallel.tree_shardings(jax.eval_shape(init, jax.random.key(0)), mesh, rules)
+        linen_shardings = sharding.tree_shardings(jax.eval_shape(init, jax.random.key(0)), mesh, rules)
         linen_params = jax.jit(init, out_shardings=linen_shardings)(jax.random.key(0))["params"]
         logits = nnx.jit(lambda m, s, t: m(s, t))(model, src, tgt)
         host_params = jax.device_get(nnx_params)

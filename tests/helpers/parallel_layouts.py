@@ -1,6 +1,7 @@
 """Runs the same training steps under several device layouts on 8 simulated CPU devices; prints one JSON line.
 
     python tests/helpers/parallel_layouts.py [--steps 3] [--layouts single,pmap,...] [--optimizer sgd|adam] [--fast]
+        [--same-batch]
 
 Launched as a subprocess by tests/test_parallel.py (the device count must be fixed before JAX is imported);
 also a small benchmark: compile and step times per layout (informational only, never asserted).
@@ -11,6 +12,7 @@ Each is compared with 'single': losses, gradient norms and the parameters after 
 arithmetic; with Adam the first update lr * g / (|g| + eps) turns the float32 rounding of near-zero gradient
 entries (|g| ~ 1e-7) into parameter differences of a few 1e-5, in any layout, so Adam runs are informational.
 --fast turns most XLA optimizations off (about 3x quicker compiles; used by the test).
+--same-batch trains every step on the first batch, so the losses of successive steps differ by the updates alone.
 """
 
 from __future__ import annotations
@@ -29,12 +31,14 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from transformer_jax import parallel  # noqa: E402
+from transformer_jax import (
+    sharding,  # noqa: E402
+)
 from transformer_jax.config import tiny  # noqa: E402
 from transformer_jax.experiment import OptimizerConfig  # noqa: E402
 from transformer_jax.model import Transformer  # noqa: E402
+from transformer_jax.train.compiled import compiled_train_step  # noqa: E402
 from transformer_jax.train.optimizer import make_optimizer, transformer_schedule  # noqa: E402
-from transformer_jax.train.runner import compiled_train_step  # noqa: E402
 from transformer_jax.train.state import boxed_init_fn, create_train_state  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*donated buffers.*")
@@ -90,7 +94,7 @@ def initial_state(optimizer: str):
     """The state initialised once on one device (host copy), reused by every layout."""
     model_cfg = model_config()
     tx, _ = make_tx(optimizer, model_cfg.d_model)
-    mesh = parallel.make_mesh(devices=jax.devices()[:1])
+    mesh = sharding.make_mesh(devices=jax.devices()[:1])
     state, _, _ = create_train_state(model_cfg, tx, seed=0, mesh=mesh)
     return jax.device_get(state)
 
@@ -102,7 +106,7 @@ def adam_state_bytes(mesh, rules) -> dict:
     model_cfg = model_config()
     tx, _ = make_tx("adam", model_cfg.d_model)
     boxed = jax.eval_shape(boxed_init_fn(Transformer(model_cfg), tx, 1), jax.random.PRNGKey(0))
-    shardings = parallel.tree_shardings(boxed, mesh, rules)
+    shardings = sharding.tree_shardings(boxed, mesh, rules)
     leaves = jax.tree.leaves(nn.unbox(boxed).opt_state)
     placements = jax.tree.leaves(shardings.opt_state)
     assert len(leaves) == len(placements)
@@ -116,7 +120,7 @@ def cache_layout(mesh, rules, params, batch: int = 8) -> dict:
     """Decode-cache shardings (decoding.cache_shardings) of a batch of 8 sources, placed on the mesh."""
     import jax.numpy as jnp
 
-    from transformer_jax.decoding.cache import cache_shardings, init_cache
+    from transformer_jax.decoding import cache_shardings, init_cache
 
     model = Transformer(model_config())
 
@@ -146,14 +150,14 @@ def run_layout(name: str, steps: int, batches: list[dict], host_state, optimizer
     mode, shape = LAYOUTS[name]
     model_cfg = model_config()
     tx, schedule = make_tx(optimizer, model_cfg.d_model)
-    mesh = parallel.make_mesh(shape) if shape else parallel.make_mesh(devices=jax.devices()[:1])
-    rules = parallel.rules_for_mesh(mesh)
-    parallel.check_model_fits_mesh(model_cfg, mesh, rules)
+    mesh = sharding.make_mesh(shape) if shape else sharding.make_mesh(devices=jax.devices()[:1])
+    rules = sharding.rules_for_mesh(mesh)
+    sharding.check_model_fits_mesh(model_cfg, mesh, rules)
     abstract = jax.eval_shape(boxed_init_fn(Transformer(model_cfg), tx, 1), jax.random.PRNGKey(0))
-    shardings = parallel.tree_shardings(abstract, mesh, rules)
+    shardings = sharding.tree_shardings(abstract, mesh, rules)
     state = jax.device_put(host_state, shardings)
-    param_bytes = parallel.per_device_bytes(state.params)
-    opt_bytes = parallel.per_device_bytes(state.opt_state)
+    param_bytes = sharding.per_device_bytes(state.params)
+    opt_bytes = sharding.per_device_bytes(state.opt_state)
     result = {
         "mode": mode,
         "mesh": {k: int(v) for k, v in mesh.shape.items()},
@@ -186,7 +190,7 @@ def run_layout(name: str, steps: int, batches: list[dict], host_state, optimizer
     )
     times, history, snapshots = [], [], []
     for batch in batches[:steps]:
-        placed = parallel.global_batch(batch, mesh, rules)
+        placed = sharding.global_batch(batch, mesh, rules)
         start = time.perf_counter()
         state, metrics = train_step(state, placed)
         jax.block_until_ready((state, metrics))
@@ -206,6 +210,7 @@ def main():
     parser.add_argument("--bytes-only", default="", help="layouts whose bytes are measured without a step")
     parser.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"))
     parser.add_argument("--fast", action="store_true")
+    parser.add_argument("--same-batch", action="store_true", help="every step trains on the first batch")
     args = parser.parse_args()
     if args.fast:
         jax.config.update("jax_disable_most_optimizations", True)
@@ -214,6 +219,8 @@ def main():
     bytes_only = [n for n in args.bytes_only.split(",") if n]
     started = time.perf_counter()
     batches = make_batches(args.steps, model_config().vocab_size)
+    if args.same_batch:
+        batches = batches[:1] * args.steps
     host_state = initial_state(args.optimizer)
     results, reference = {}, None
     for name in names + bytes_only:
@@ -238,6 +245,7 @@ def main():
                 "steps": args.steps,
                 "optimizer": args.optimizer,
                 "fast": args.fast,
+                "same_batch": args.same_batch,
                 "total_s": time.perf_counter() - started,
                 "layouts": results,
             }

@@ -62,6 +62,20 @@ def rows_for_length(length: int, tokens_per_batch: int, row_multiple: int) -> in
     return rows
 
 
+def train_shapes(
+    tokens_per_batch: int,
+    max_len: int,
+    bucket_boundaries: Sequence[int] | None = None,
+    pack: bool = False,
+    row_multiple: int = 1,
+) -> dict[int, int]:
+    """{bucket length: rows per global batch}, longest first: the static [rows, length] shapes of the training
+    batches (`TrainBatches.rows`). Packed batches have one, max_len long. ValueError if a bucket cannot hold
+    row_multiple rows."""
+    boundaries = (max_len,) if pack else _checked_boundaries(bucket_boundaries, max_len)
+    return {length: rows_for_length(length, tokens_per_batch, row_multiple) for length in reversed(boundaries)}
+
+
 def _with_eos(pieces: Sequence[int], max_len: int, eos_id: int) -> np.ndarray:
     """pieces[:max_len - 1] + [eos] as int32 [length]."""
     return np.asarray(list(pieces[: max_len - 1]) + [eos_id], np.int32)
@@ -163,10 +177,8 @@ class TrainBatches:
         self.shard_index, self.shard_count = shard_index, shard_count
         self.boundaries = (max_len,) if pack else _checked_boundaries(bucket_boundaries, max_len)
         row_multiple = math.lcm(batch_multiple, shard_count)
-        self.rows = {
-            length: rows_for_length(length, tokens_per_batch, row_multiple)  # longest fails first
-            for length in reversed(self.boundaries)
-        }  # bucket length -> rows per global batch
+        # bucket length -> rows per global batch
+        self.rows = train_shapes(tokens_per_batch, max_len, bucket_boundaries, pack, row_multiple)
         self.epoch, self.index = 0, 0
         self._plan_epoch = -1
         self._plan: list[tuple[int, list[Row]]] = []

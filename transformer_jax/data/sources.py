@@ -12,7 +12,7 @@ from pathlib import Path
 
 from transformer_jax.data.builtin_corpus import BuiltinCorpusSource
 from transformer_jax.data.local_files import MULTI30K_SPLIT_PREFIXES, LocalFilesSource
-from transformer_jax.data.pairs import ParallelSource
+from transformer_jax.data.pairs import SPLITS, ParallelSource
 from transformer_jax.data.tfds_source import TfdsSource
 from transformer_jax.experiment import SOURCES_WITH_DIRECTORY, ConfigError, DataConfig
 
@@ -43,9 +43,15 @@ def source_from_config(data: DataConfig, splits: tuple[str, ...] = ("train", "va
     options = dict(data.options)
     if data.source in SOURCES_WITH_DIRECTORY:
         if not data.path:
+            default = MULTI30K_SPLIT_PREFIXES if data.source == "multi30k" else {split: split for split in SPLITS}
+            langs = (data.source_lang, data.target_lang)
+            files = ", ".join(
+                f"{prefix}.{langs[0]} / .{langs[1]}" for prefix in options.get("split_prefixes", default).values()
+            )
+            named = " (the names of the Multi30k task 1 release)" if data.source == "multi30k" else ""
             raise ConfigError(
-                f"data.source={data.source!r} needs the directory of its files: "
-                f"--config.data.path=/path/to/dir (e.g. ../shared/data/multi30k)."
+                f"data.source={data.source!r} reads sentence pairs from files in a directory: --config.data.path=DIR, "
+                f"where DIR holds {files}{named}, one sentence a line, optionally gzipped (.gz)."
             )
         if not Path(data.path).is_dir():
             raise ConfigError(f"data.path={data.path!r} is not a directory.")

@@ -18,6 +18,7 @@ silently lowered (`hard_vocab_limit=False`), because the model's embedding table
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import io
 import logging
 import os
@@ -30,6 +31,8 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
+from transformer_jax.config import ModelConfig
+from transformer_jax.data import marian_tokenizer
 from transformer_jax.data.pairs import Pair
 from transformer_jax.errors import DataError
 from transformer_jax.experiment import TOKENIZER_NORMALIZATIONS, DataConfig
@@ -56,6 +59,11 @@ class Tokenizer:
         return self.processor.get_piece_size()
 
     @property
+    def fingerprint(self) -> str:
+        """sha256 of the SentencePiece model: equal for tokenizers that map text to the same ids."""
+        return hashlib.sha256(self.processor.serialized_model_proto()).hexdigest()
+
+    @property
     def normalization(self) -> str:
         """The SentencePiece normalization rule the model was trained with (see experiment.TOKENIZER_NORMALIZATIONS)."""
         from sentencepiece import sentencepiece_model_pb2
@@ -64,7 +72,16 @@ class Tokenizer:
         proto.ParseFromString(self.processor.serialized_model_proto())
         return proto.normalizer_spec.name
 
+    def model_config(self, model: ModelConfig) -> ModelConfig:
+        """`model` with this vocabulary's size and special ids."""
+        return model.replace(vocab_size=self.vocab_size, pad_id=self.pad_id, bos_id=self.bos_id, eos_id=self.eos_id)
+
     def encode(self, text: str) -> list[int]:
+        """A source sentence's ids."""
+        return self.processor.encode(text)
+
+    def encode_target(self, text: str) -> list[int]:
+        """A target sentence's ids: one shared model, the same as a source's (§5.1)."""
         return self.processor.encode(text)
 
     def encode_pairs(self, pairs: Iterable[Pair]) -> list[tuple[list[int], list[int]]]:
@@ -121,6 +138,26 @@ class Tokenizer:
                 f"The SentencePiece model has special ids {actual}, but {expected} were asked "
                 f"for; they must match the model config. Retrain it in a fresh directory."
             )
+
+
+def holds_marian_tokenizer(directory: str | Path) -> bool:
+    """Whether a workdir's tokenizer is Marian's source.spm, target.spm and vocab.json (`transformer-jax
+    import-hf`) rather than spm.model."""
+    directory = Path(directory)
+    return not (directory / MODEL_FILENAME).is_file() and (directory / marian_tokenizer.VOCAB).is_file()
+
+
+# A run's tokenizer: the shared SentencePiece model (§5.1), or an imported Marian model's two (import-hf).
+AnyTokenizer = Tokenizer | marian_tokenizer.MarianTokenizer
+
+
+def load_tokenizer(directory: str | Path) -> AnyTokenizer:
+    """The tokenizer a workdir holds: {directory}/spm.model (a trained run) or, without it, Marian's source.spm,
+    target.spm and vocab.json (a model imported by `transformer-jax import-hf`)."""
+    directory = Path(directory)
+    if holds_marian_tokenizer(directory):
+        return marian_tokenizer.MarianTokenizer.from_directory(directory)
+    return Tokenizer.from_bytes((directory / MODEL_FILENAME).read_bytes())
 
 
 def balanced_sample(pairs: Iterable[Pair], max_sentences: int, seed: int) -> list[str]:
@@ -239,10 +276,19 @@ def load_or_train_tokenizer(
     return tokenizer
 
 
-def load_or_train_shared_tokenizer(workdir: Path, source, data: DataConfig, seed: int) -> Tokenizer:
+def load_or_train_shared_tokenizer(workdir: Path, source, data: DataConfig, seed: int) -> AnyTokenizer:
     """`load_or_train_tokenizer` for a run of one or more processes: process 0 loads or trains {workdir}/spm.model
-    on the source's training pairs; the other processes wait for it, then load it."""
+    on the source's training pairs; the other processes wait for it, then load it. A workdir holding an imported
+    Marian tokenizer (fine-tuning an `import-hf` model) keeps it."""
     import jax
+
+    if holds_marian_tokenizer(workdir):
+        if data.tokenizer_sampling:
+            raise DataError(
+                f"data.tokenizer_sampling={data.tokenizer_sampling}: an imported Marian tokenizer ({workdir}) "
+                "segments without sampling; set --config.data.tokenizer_sampling=0."
+            )
+        return marian_tokenizer.MarianTokenizer.from_directory(workdir)
 
     if jax.process_index() == 0:
         tokenizer = load_or_train_tokenizer(

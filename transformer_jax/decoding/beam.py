@@ -6,14 +6,16 @@ for the `beam` slots of the finished list, by length-penalised score; the others
 slots. Because a live hypothesis contributes at most one EOS extension, at most `beam` of the 2*beam
 candidates are finished, so the live beam never starves (tensor2tensor, flax examples/wmt, t5x).
 
-Scores. score(Y) = log P(Y | X) / lp(|Y|), lp(n) = ((5 + n) / 6) ** alpha, with |Y| counting the EOS
-(a hypothesis cut at its length limit counts its tokens). The pad token is never generated.
+Scores. score(Y) = log P(Y | X) / lp(|Y|), lp(n) = ((5 + n) / 6) ** alpha (GNMT) or n ** alpha (transformers'
+generate: DecodeConfig.length_penalty='hf'), with |Y| counting the EOS (a hypothesis cut at its length limit counts
+its tokens). The pad token is never generated.
 
 Termination. A live hypothesis with log-probability s can at best finish with score s / max_n lp(n) over
-the lengths n it can still reach (log-probabilities only fall as tokens are added). When, for every
-sentence, that bound for the best live hypothesis cannot beat the `nbest`-th best finished hypothesis, no
-further step can change the `nbest` best, and the loop stops; otherwise it runs to the length limit. The
-search returns those `nbest` (default all `beam`): asking for the 1-best stops sooner and gives the same 1-best.
+the lengths n it can still reach (log-probabilities only fall as tokens are added; both penalties are monotone
+in n, so the maximum is at one end of those lengths). When, for every sentence, that bound for the best live
+hypothesis cannot beat the `nbest`-th best finished hypothesis, no further step can change the `nbest` best, and
+the loop stops; otherwise it runs to the length limit. The search returns those `nbest` (default all `beam`):
+asking for the 1-best stops sooner and gives the same 1-best.
 
 Layout. The model sees hypotheses flattened to [batch * beam, ...] (rows of a sentence are adjacent, so a
 batch-sharded cache keeps them on one device); search arrays are [batch, beam, ...].
@@ -32,12 +34,14 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.typing import ArrayLike
 
-from transformer_jax import parallel
-from transformer_jax.decoding.cache import Cache, StepFn, reorder_cache
+from transformer_jax import sharding
+from transformer_jax.decoding.cache import Cache, reorder_cache
 from transformer_jax.decoding.config import NEG_INF, DecodeConfig, length_penalty
 from transformer_jax.decoding.driver import decode_in_segments, run_search
-from transformer_jax.decoding.kv_cache import gather_beams
 from transformer_jax.decoding.select import top_k
+from transformer_jax.decoding.sentences import Sentences
+from transformer_jax.decoding.steps import StepFn
+from transformer_jax.layers.kv_cache import gather_beams
 
 
 class BeamState(NamedTuple):
@@ -56,27 +60,21 @@ def _is_valid(log_probs):
 
 
 def sentences_done(
-    state: BeamState, *, max_lengths: jnp.ndarray, alpha: float, nbest: int | None = None
+    state: BeamState, *, max_lengths: jnp.ndarray, alpha: float, nbest: int | None = None, penalty: str = "gnmt"
 ) -> jnp.ndarray:
     """[batch] bool: no live hypothesis of the sentence can still enter the `nbest` best of its finished list
     (default: all of it)."""
     index = state.step
     # The largest length penalty any live hypothesis can still reach: lp is monotone in the length, so it is
     # at one end of [index + 1, limit] (the limit for alpha >= 0).
-    best_penalty = jnp.maximum(length_penalty(index + 1, alpha), length_penalty(max_lengths, alpha))  # [batch]
+    best_penalty = jnp.maximum(  # [batch]
+        length_penalty(index + 1, alpha, penalty), length_penalty(max_lengths, alpha, penalty)
+    )
     best_live = state.live_log_probs[:, 0]  # [batch]: sorted, the best first
     live_bound = best_live / best_penalty
     last = (nbest or state.finished_flags.shape[1]) - 1
     worst_finished = jnp.where(state.finished_flags[:, last], state.finished_scores[:, last], NEG_INF)
     return (worst_finished >= live_bound) | ~_is_valid(best_live) | (index >= max_lengths)
-
-
-def search_should_continue(
-    state: BeamState, *, max_decode_len: int, max_lengths: jnp.ndarray, alpha: float, nbest: int | None = None
-) -> jnp.ndarray:
-    """False once no live hypothesis of any sentence can still enter the `nbest` best of its finished list."""
-    done = sentences_done(state, max_lengths=max_lengths, alpha=alpha, nbest=nbest)
-    return (state.step < max_decode_len) & ~jnp.all(done)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +83,7 @@ class BeamSearch:
 
     one_hot: reorder with one-hot matmuls (DecodeConfig.gather). early_stopping=False runs every sentence to its
     limit (the same result, for tests). nbest: how many of the best finished hypotheses are final when a sentence
-    stops and are returned (None: beam_size).
+    stops and are returned (None: beam_size). penalty: the length penalty's kind (DecodeConfig.length_penalty).
     """
 
     beam_size: int
@@ -96,6 +94,7 @@ class BeamSearch:
     one_hot: bool = False
     early_stopping: bool = True
     nbest: int | None = None
+    penalty: str = "gnmt"
 
     def __post_init__(self):
         if self.nbest is not None and not 1 <= self.nbest <= self.beam_size:
@@ -118,7 +117,7 @@ class BeamSearch:
             cache=cache,
         )
 
-    def step(self, step_fn: StepFn, state: BeamState, max_lengths: jnp.ndarray) -> BeamState:
+    def step(self, step_fn: StepFn, state: BeamState, sentences: Sentences) -> BeamState:
         batch, beam, length = state.live_seqs.shape
         index = state.step
 
@@ -133,8 +132,12 @@ class BeamSearch:
         # tokens of each hypothesis (plus pad, which is dropped), so one top-k over each row's logits (whose
         # order is the log-softmax's) cuts the search to [batch, beam * (2 * beam + 1)] candidates; no
         # [batch * beam, vocab] array of log-probabilities is written.
+        # A forced prefix token is the only extension (the others are left out of the top-k, not renormalised).
+        forcing, forced = sentences.forced(index)  # [batch]
+        vocab = jnp.arange(logits.shape[-1], dtype=jnp.int32)
+        barred = jnp.repeat(forcing[:, None] & (vocab != forced[:, None]), beam, axis=0)  # [batch * beam, vocab]
         per_row = min(2 * beam + 1, logits.shape[-1])  # a vocabulary smaller than that keeps every token
-        row_logits, row_tokens = top_k(logits, per_row)  # [batch * beam, per_row]
+        row_logits, row_tokens = top_k(jnp.where(barred, NEG_INF, logits), per_row)  # [batch * beam, per_row]
         row_log_probs = row_logits - jax.nn.logsumexp(logits, axis=-1, keepdims=True)
         row_log_probs = jnp.where(row_tokens == self.pad_id, NEG_INF, row_log_probs)
         row_log_probs = row_log_probs.reshape(batch, beam, -1) + state.live_log_probs[:, :, None]
@@ -145,7 +148,7 @@ class BeamSearch:
         top_seqs = gather(state.live_seqs, top_parents)  # [batch, 2 * beam, length]
         top_seqs = jnp.where(jnp.arange(length) == index, top_tokens[:, :, None], top_seqs)
         new_length = index + 1  # |Y|, EOS included
-        ends = (top_tokens == self.eos_id) | (new_length >= max_lengths)[:, None]  # [batch, 2 * beam]
+        ends = (top_tokens == self.eos_id) | (new_length >= sentences.limits)[:, None]  # [batch, 2 * beam]
         ends = ends & _is_valid(top_log_probs)
 
         # 3. Live: the best `beam` extensions that did not end. The cache follows its parents (reorder_cache).
@@ -154,7 +157,7 @@ class BeamSearch:
         cache = reorder_cache(cache, jnp.take_along_axis(top_parents, live_pick, axis=1), one_hot=self.one_hot)
 
         # 4. Finished: merge the ended extensions into the finished list by length-penalised score.
-        scores = jnp.where(ends, top_log_probs / length_penalty(new_length, self.alpha), NEG_INF)
+        scores = jnp.where(ends, top_log_probs / length_penalty(new_length, self.alpha, self.penalty), NEG_INF)
         pool_scores = jnp.concatenate([state.finished_scores, scores], axis=1)  # [batch, 3 * beam], old first
         pool_seqs = jnp.concatenate([state.finished_seqs, top_seqs], axis=1)
         pool_flags = jnp.concatenate([state.finished_flags, ends], axis=1)
@@ -169,11 +172,13 @@ class BeamSearch:
             cache=cache,
         )
 
-    def sentences_done(self, state: BeamState, max_lengths: jnp.ndarray) -> jnp.ndarray:
+    def sentences_done(self, state: BeamState, sentences: Sentences) -> jnp.ndarray:
         """[batch] bool: the sentence's `nbest` best can no longer change (exact early termination)."""
         if not self.early_stopping:
-            return state.step >= max_lengths
-        return sentences_done(state, max_lengths=max_lengths, alpha=self.alpha, nbest=self.nbest)
+            return state.step >= sentences.limits
+        return sentences_done(
+            state, max_lengths=sentences.limits, alpha=self.alpha, nbest=self.nbest, penalty=self.penalty
+        )
 
     def outputs(self, state: BeamState) -> tuple[jnp.ndarray, jnp.ndarray]:
         """(sequences [batch, nbest, max_decode_len] pad after EOS, scores [batch, nbest]) best first; slots with
@@ -199,6 +204,7 @@ def beam_search_core(
     one_hot: bool = False,
     early_stopping: bool = True,
     nbest: int | None = None,
+    length_penalty: str = "gnmt",
     constrain: Callable[[Cache], Cache] = lambda cache: cache,
     cache_lengths: Sequence[int] | None = None,
     return_state: bool = False,
@@ -209,11 +215,12 @@ def beam_search_core(
     length limits (default max_decode_len). cache_lengths: the lengths a decode cache grows through
     (driver.growing_cache_loop; `cache` starts at the first), default (max_decode_len,). early_stopping=False
     runs every sentence to its limit (same result, for tests). nbest: the hypotheses returned, exact (default
-    beam_size; 1 stops sooner). return_state=True also returns the final BeamState (e.g. `.step`, the steps run).
+    beam_size; 1 stops sooner). length_penalty: 'gnmt' or 'hf' (DecodeConfig.length_penalty). return_state=True
+    also returns the final BeamState (e.g. `.step`, the steps run).
     Returns BeamSearch.outputs: (sequences [batch, nbest, max_decode_len] pad after EOS, scores [batch, nbest])
     best first.
     """
-    search = BeamSearch(beam_size, alpha, bos_id, eos_id, pad_id, one_hot, early_stopping, nbest)
+    search = BeamSearch(beam_size, alpha, bos_id, eos_id, pad_id, one_hot, early_stopping, nbest, length_penalty)
     final = run_search(search, step_fn, cache, batch_size, max_decode_len, max_lengths, constrain, cache_lengths)
     sequences, scores = search.outputs(final)
     return (sequences, scores, final) if return_state else (sequences, scores)
@@ -229,9 +236,10 @@ def beam_search(
     max_decode_len: int | None = None,
     config: DecodeConfig | None = None,
     mesh: Mesh | None = None,
-    rules: parallel.Rules = parallel.DEFAULT_RULES,
+    rules: sharding.Rules = sharding.DEFAULT_RULES,
     early_stopping: bool = True,
     nbest: int | None = None,
+    prefixes: Sequence[Sequence[int]] | None = None,
 ):
     """Beam search translation of `inputs` [batch, src_len] (pad_id = padding) with a Transformer.
 
@@ -239,11 +247,12 @@ def beam_search(
     is limited to its source length + config.extra_length, within the static buffer `max_decode_len` (default
     padded source width + extra_length, clipped to the model's max_len). The encoder runs once per sentence; its
     cross-attention keys/values are stored once per sentence and shared by its hypotheses, whose self-attention
-    keys form one group per sentence (kv_cache.KVCache). nbest: how many hypotheses to return (default beam_size);
-    each sentence stops once its nbest best are final, so nbest=1 (a translation, not a list) decodes fewer steps
-    and gives the same best hypothesis.
+    keys form one group per sentence (layers/kv_cache.KVCache). nbest: how many hypotheses to return (default
+    beam_size); each sentence stops once its nbest best are final, so nbest=1 (a translation, not a list) decodes
+    fewer steps and gives the same best hypothesis. prefixes: per sentence, target tokens every hypothesis starts
+    with (forced; their log-probabilities counted).
     Returns (sequences [batch, nbest, max_decode_len], pad after EOS; scores [batch, nbest] =
-    log P(Y | X) / lp(|Y|), |Y| counting EOS), best first (numpy arrays).
+    log P(Y | X) / lp(|Y|), |Y| counting EOS, lp config.length_penalty's), best first (numpy arrays).
     """
     config = DecodeConfig() if config is None else config
     beam_size = config.beam_size if beam_size is None else beam_size
@@ -254,6 +263,15 @@ def beam_search(
     search = BeamSearch(
         beam_size, float(alpha), cfg.bos_id, cfg.eos_id, cfg.pad_id, config.gather == "one_hot", early_stopping, nbest
     )
+    search = dataclasses.replace(search, penalty=config.length_penalty)
     return decode_in_segments(
-        model, params, inputs, search, max_decode_len=max_decode_len, config=config, mesh=mesh, rules=rules
+        model,
+        params,
+        inputs,
+        search,
+        max_decode_len=max_decode_len,
+        config=config,
+        mesh=mesh,
+        rules=rules,
+        prefixes=prefixes,
     )

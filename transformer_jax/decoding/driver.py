@@ -1,8 +1,9 @@
 """Running a search (greedy.GreedySearch, beam.BeamSearch): inside one jit, or in segments driven from the host.
 
-A search is an object with `initial(cache, batch_size, max_decode_len)`, `step(step_fn, state, max_lengths)`,
-`sentences_done(state, max_lengths)` [batch], `outputs(state)` (arrays with a leading batch axis) and
-`rows_per_sentence`; its state is a NamedTuple with `step` and `cache`.
+A search is an object with `initial(cache, batch_size, max_decode_len)`, `step(step_fn, state, sentences)`,
+`sentences_done(state, sentences)` [batch], `outputs(state)` (arrays with a leading batch axis) and
+`rows_per_sentence`; its state is a NamedTuple with `step` and `cache`; `sentences` (sentences.Sentences) holds
+each sentence's length limit, id and forced prefix.
 
 run_search is the whole loop in one lax.while_loop (traceable, any step function). decode_in_segments runs a
 Transformer's search as a few jitted segments of `decode.cache_segment` steps, and between them, on the host:
@@ -29,18 +30,11 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.typing import ArrayLike
 
-from transformer_jax import parallel
-from transformer_jax.decoding.cache import (
-    Cache,
-    StepFn,
-    as_params,
-    constrain_cache,
-    encode,
-    init_cache,
-    resize_cache,
-    transformer_step_fn,
-)
+from transformer_jax import sharding
+from transformer_jax.decoding.cache import Cache, constrain_cache, resize_cache
 from transformer_jax.decoding.config import DecodeConfig, cache_lengths, per_sentence_limits, resolve_max_decode_len
+from transformer_jax.decoding.sentences import Sentences, pad_prefixes, plain_sentences
+from transformer_jax.decoding.steps import StepFn, as_params, encode, init_cache, transformer_step_fn
 
 logger = logging.getLogger(__name__)
 
@@ -83,12 +77,13 @@ def run_search(
     max_lengths: [batch] per-sentence limits (default max_decode_len); lengths: growing_cache_loop's."""
     if max_lengths is None:
         max_lengths = jnp.full((batch_size,), max_decode_len, jnp.int32)
+    sentences = plain_sentences(max_lengths)
 
     def cond(state):
-        return (state.step < max_decode_len) & ~jnp.all(search.sentences_done(state, max_lengths))
+        return (state.step < max_decode_len) & ~jnp.all(search.sentences_done(state, sentences))
 
     def body(state):
-        state = search.step(step_fn, state, max_lengths)
+        state = search.step(step_fn, state, sentences)
         return state._replace(cache=constrain(state.cache))
 
     initial = search.initial(constrain(cache), batch_size, max_decode_len)
@@ -101,7 +96,7 @@ class Carry(NamedTuple):
     state: Any  # the search's state
     encoded: jnp.ndarray  # [batch, src_len, d_model]
     inputs: jnp.ndarray  # [batch, src_len] source ids
-    limits: jnp.ndarray  # [batch] per-sentence length limits
+    sentences: Sentences  # limits, ids, forced prefixes
 
 
 def _rows(inputs: jnp.ndarray, search) -> jnp.ndarray:
@@ -113,14 +108,17 @@ def _rows(inputs: jnp.ndarray, search) -> jnp.ndarray:
 @functools.partial(
     jax.jit, static_argnames=("model", "search", "max_decode_len", "cache_len", "extra_length", "mesh", "rules")
 )
-def _start(model, params, inputs, *, search, max_decode_len, cache_len, extra_length, mesh, rules) -> Carry:
+def _start(
+    model, params, inputs, ids, prefix, prefix_lengths, *, search, max_decode_len, cache_len, extra_length, mesh, rules
+) -> Carry:
     cfg = model.config
     encoded = encode(model, params, inputs)  # [batch, src_len, d_model], once per sentence
     k = search.rows_per_sentence
     cache = init_cache(model, params, encoded, _rows(inputs, search), cache_len, beam_size=k)
     state = search.initial(constrain_cache(cache, mesh, rules), inputs.shape[0], max_decode_len)
     limits = per_sentence_limits(inputs, cfg.pad_id, extra_length, max_decode_len)
-    return Carry(state, encoded, inputs, limits)
+    limits = jnp.clip(jnp.maximum(limits, prefix_lengths + 1), 1, max_decode_len)  # room for the prefix and a token
+    return Carry(state, encoded, inputs, Sentences(limits, ids, prefix, prefix_lengths))
 
 
 @functools.partial(jax.jit, static_argnames=("model", "search", "mesh", "rules"))
@@ -129,10 +127,10 @@ def _run(model, params, carry: Carry, stop, *, search, mesh, rules) -> Carry:
     step_fn = transformer_step_fn(model, params, carry.encoded, _rows(carry.inputs, search))
 
     def cond(state):
-        return (state.step < stop) & ~jnp.all(search.sentences_done(state, carry.limits))
+        return (state.step < stop) & ~jnp.all(search.sentences_done(state, carry.sentences))
 
     def body(state):
-        state = search.step(step_fn, state, carry.limits)
+        state = search.step(step_fn, state, carry.sentences)
         return state._replace(cache=constrain_cache(state.cache, mesh, rules))
 
     return carry._replace(state=lax.while_loop(cond, body, carry.state))
@@ -140,7 +138,7 @@ def _run(model, params, carry: Carry, stop, *, search, mesh, rules) -> Carry:
 
 @functools.partial(jax.jit, static_argnames=("search",))
 def _done(carry: Carry, *, search) -> jnp.ndarray:
-    return search.sentences_done(carry.state, carry.limits)
+    return search.sentences_done(carry.state, carry.sentences)
 
 
 @functools.partial(jax.jit, static_argnames=("search",))
@@ -167,7 +165,7 @@ def shrunk_rows(rows: int, active: int, shards: int) -> int:
     return target if target < rows else rows
 
 
-def _batch_shards(mesh: Mesh | None, rules: parallel.Rules) -> int:
+def _batch_shards(mesh: Mesh | None, rules: sharding.Rules) -> int:
     """How many ways the mesh splits the batch: a decode batch must stay a multiple of it."""
     if mesh is None:
         return 1
@@ -185,18 +183,30 @@ def decode_in_segments(
     max_decode_len: int | None = None,
     config: DecodeConfig | None = None,
     mesh: Mesh | None = None,
-    rules: parallel.Rules = parallel.DEFAULT_RULES,
+    rules: sharding.Rules = sharding.DEFAULT_RULES,
+    prefixes: Sequence[Sequence[int]] | None = None,
+    sentence_ids: ArrayLike | None = None,
 ) -> tuple[np.ndarray, ...]:
     """search.outputs(final state) for `inputs` [batch, src_len], as numpy arrays in the order of `inputs`.
 
     The buffer is `max_decode_len` long (default: padded source width + config.extra_length, clipped to the
-    model's max_len); each sentence's limit is its source length + extra_length (§6.1).
+    model's max_len, and long enough for the longest prefix); each sentence's limit is its source length +
+    extra_length (§6.1), and at least its prefix and one more token. prefixes: per sentence (the first
+    len(prefixes) rows), target tokens its outputs start with. sentence_ids: [batch] the sentences' ids in
+    their corpus (default 0 .. batch-1), the seeds of a sampling search.
     """
     config = DecodeConfig() if config is None else config
     inputs = np.asarray(inputs, np.int32)
     if inputs.ndim != 2:
         raise ValueError(f"inputs must be [batch, src_len] token ids, got shape {inputs.shape}.")
+    batch = inputs.shape[0]
+    prefix, prefix_lengths = pad_prefixes([list(p) for p in prefixes or []], batch, model.config.pad_id)
+    ids = np.arange(batch, dtype=np.int32) if sentence_ids is None else np.asarray(sentence_ids, np.int32)
+    if ids.shape != (batch,):
+        raise ValueError(f"sentence_ids must be [batch={batch}], got shape {ids.shape}.")
     length = resolve_max_decode_len(inputs.shape[1], config, max_decode_len, model.config.max_len)
+    if max_decode_len is None and config.max_decode_len is None:  # room for the longest prefix and a token
+        length = max(length, min(int(prefix_lengths.max(initial=0)) + 1, model.config.max_len))
     params, rules = as_params(params), tuple(rules)
     segment = config.cache_segment or length
     cache_len = cache_lengths(length, config.cache_segment)[0]
@@ -205,12 +215,15 @@ def decode_in_segments(
         model,
         params,
         jnp.asarray(inputs),
+        jnp.asarray(ids),
+        jnp.asarray(prefix),
+        jnp.asarray(prefix_lengths),
         max_decode_len=length,
         cache_len=cache_len,
         extra_length=config.extra_length,
         **static,
     )
-    batch = rows = inputs.shape[0]
+    rows = batch
     origin = np.arange(batch)  # the sentence of each row
     shards = _batch_shards(mesh, rules)
     results: list[np.ndarray] = []

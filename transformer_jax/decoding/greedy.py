@@ -17,11 +17,13 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.typing import ArrayLike
 
-from transformer_jax import parallel
-from transformer_jax.decoding.cache import Cache, StepFn
+from transformer_jax import sharding
+from transformer_jax.decoding.cache import Cache
 from transformer_jax.decoding.config import NEG_INF, DecodeConfig
 from transformer_jax.decoding.driver import decode_in_segments, run_search
 from transformer_jax.decoding.select import first_argmax, log_normaliser
+from transformer_jax.decoding.sentences import Sentences
+from transformer_jax.decoding.steps import StepFn
 
 
 class GreedyState(NamedTuple):
@@ -52,23 +54,26 @@ class GreedySearch:
             cache=cache,
         )
 
-    def step(self, step_fn: StepFn, state: GreedyState, max_lengths: jnp.ndarray) -> GreedyState:
+    def step(self, step_fn: StepFn, state: GreedyState, sentences: Sentences) -> GreedyState:
         logits, cache = step_fn(state.last, state.cache)  # [batch, vocab] float32
         # The argmax of the logits is the log-softmax's; pad is not a token a translation may contain.
-        token_logit, token = first_argmax(logits.at[:, self.pad_id].set(NEG_INF))  # [batch], [batch]
-        row_max = jnp.maximum(token_logit, logits[:, self.pad_id])  # the maximum with pad back in
+        best_logit, best = first_argmax(logits.at[:, self.pad_id].set(NEG_INF))  # [batch], [batch]
+        row_max = jnp.maximum(best_logit, logits[:, self.pad_id])  # the maximum with pad back in
+        forcing, forced = sentences.forced(state.step)
+        token = jnp.where(forcing, forced, best)
+        token_logit = jnp.where(forcing, jnp.take_along_axis(logits, forced[:, None], axis=1)[:, 0], best_logit)
         token_log_prob = token_logit - log_normaliser(logits, row_max)
         token = jnp.where(state.done, self.pad_id, token)
         return GreedyState(
             step=state.step + 1,
             tokens=lax.dynamic_update_slice(state.tokens, token[:, None], (0, state.step)),
             last=token,
-            done=state.done | (token == self.eos_id) | (state.step + 1 >= max_lengths),
+            done=state.done | (token == self.eos_id) | (state.step + 1 >= sentences.limits),
             log_probs=state.log_probs + jnp.where(state.done, 0.0, token_log_prob),
             cache=cache,
         )
 
-    def sentences_done(self, state: GreedyState, max_lengths: jnp.ndarray) -> jnp.ndarray:
+    def sentences_done(self, state: GreedyState, sentences: Sentences) -> jnp.ndarray:
         """[batch] bool: the sentence's output can no longer change."""
         return state.done
 
@@ -111,19 +116,29 @@ def greedy_decode(
     max_decode_len: int | None = None,
     config: DecodeConfig | None = None,
     mesh: Mesh | None = None,
-    rules: parallel.Rules = parallel.DEFAULT_RULES,
+    rules: sharding.Rules = sharding.DEFAULT_RULES,
     return_log_probs: bool = False,
+    prefixes: Sequence[Sequence[int]] | None = None,
 ):
     """Greedy translation of `inputs` [batch, src_len] (pad_id = padding) with a Transformer.
 
     Each sentence stops at EOS or at its own limit, source length + config.extra_length (§6.1), within the
     static buffer `max_decode_len` (default: padded source width + extra_length, clipped to the model's
-    max_len). Returns (tokens [batch, max_decode_len], pad after EOS; lengths [batch], EOS counted) and,
-    with return_log_probs, log P(tokens) [batch] as a third element (numpy arrays).
+    max_len). prefixes: per sentence, target tokens its output starts with (forced; their log-probabilities
+    counted). Returns (tokens [batch, max_decode_len], pad after EOS; lengths [batch], EOS counted) and, with
+    return_log_probs, log P(tokens) [batch] as a third element (numpy arrays).
     """
     cfg = model.config
     search = GreedySearch(cfg.bos_id, cfg.eos_id, cfg.pad_id)
     tokens, lengths, log_probs = decode_in_segments(
-        model, params, inputs, search, max_decode_len=max_decode_len, config=config, mesh=mesh, rules=rules
+        model,
+        params,
+        inputs,
+        search,
+        max_decode_len=max_decode_len,
+        config=config,
+        mesh=mesh,
+        rules=rules,
+        prefixes=prefixes,
     )
     return (tokens, lengths, log_probs) if return_log_probs else (tokens, lengths)

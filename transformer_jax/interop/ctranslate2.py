@@ -157,13 +157,18 @@ def _check_vocabulary(pieces: list[str], cfg: ModelConfig) -> None:
 
 def check_expressible(config: ModelConfig) -> None:
     """Raises CTranslate2ExportError for what TransformerSpec cannot hold: one per-head size for queries, keys
-    and values, d_model / num_heads (its fused QKV splits evenly)."""
+    and values, d_model / num_heads (its fused QKV splits evenly); none of ModelConfig.marian_options."""
     if not config.has_paper_head_sizes:
         raise CTranslate2ExportError(
             f"CTranslate2's TransformerSpec has d_k = d_v = d_model / num_heads, but this model has "
             f"ModelConfig.key_dim={config.key_dim} (d_k={config.d_k}) and value_dim={config.value_dim} "
             f"(d_v={config.d_v}) with d_model={config.d_model}, num_heads={config.num_heads}; only a model with "
             "key_dim and value_dim None (or d_model / num_heads) exports. Nothing was written."
+        )
+    if config.marian_options:
+        raise CTranslate2ExportError(
+            f"the export writes a ReLU FFN, no logits bias and a bos token of its own, but this model has "
+            f"ModelConfig.{', '.join(config.marian_options)} (an imported Marian model). Nothing was written."
         )
 
 

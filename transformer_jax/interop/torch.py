@@ -86,13 +86,19 @@ def _transposed(flax_path, torch_key, flax_shape):
 
 def check_convertible(config: ModelConfig) -> None:
     """Raises ConversionError where the torch reference cannot hold the model: its nn.MultiheadAttention has
-    d_k = d_v = d_model / num_heads, so key_dim and value_dim must be left at (or equal) that default."""
+    d_k = d_v = d_model / num_heads, so key_dim and value_dim must be left at (or equal) that default; it has
+    none of the Marian options (ModelConfig.marian_options)."""
     if not config.has_paper_head_sizes:
         raise ConversionError(
             f"torch's nn.MultiheadAttention has d_k = d_v = d_model / num_heads, but this model has "
             f"ModelConfig.key_dim={config.key_dim} (d_k={config.d_k}) and value_dim={config.value_dim} "
             f"(d_v={config.d_v}) with d_model={config.d_model}, num_heads={config.num_heads}; only a model with "
             "key_dim and value_dim None (or d_model / num_heads) converts."
+        )
+    if config.marian_options:
+        raise ConversionError(
+            f"the torch reference has a ReLU FFN, no logits bias and a bos token of its own, but this model has "
+            f"ModelConfig.{', '.join(config.marian_options)} (an imported Marian model); it does not convert."
         )
 
 

@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax.config import ModelConfig
-from transformer_jax.decoding.kv_cache import KVCache, MemoryCache
 from transformer_jax.errors import UserError
 from transformer_jax.layers.init import bias_init, kernel_init
+from transformer_jax.layers.kv_cache import KVCache, MemoryCache
 from transformer_jax.layers.linear import dense_dot_general
 
 
@@ -66,7 +66,7 @@ def cached_attention(query: jnp.ndarray, key: jnp.ndarray, value: jnp.ndarray, m
 
     query: [rows, q_len, heads, d_k] (q_len 1 at a decode step); key: [groups, heads, kv_len, d_k] and value
     [groups, heads, kv_len, d_v], read by g = rows / groups consecutive query rows (g > 1: rows that share one group
-    of cached keys, decoding/kv_cache.py). mask: broadcastable to [rows, heads, q_len, kv_len].
+    of cached keys, layers/kv_cache.py). mask: broadcastable to [rows, heads, q_len, kv_len].
     Returns [rows, q_len, heads, d_v]. Scores and outputs are laid out batch dimensions first ([groups, heads, g,
     q_len, ..]), so that both products are batched dots over the cache as stored: with the query rows between the
     batch dimensions of the value product's output, XLA:CPU ran it 13x slower at g = 4, 1 query, 264 keys.
@@ -156,7 +156,7 @@ class MultiHeadAttention(nn.Module):
     d_v (config.d_k, config.d_v; both d_model / h unless key_dim / value_dim say otherwise).
 
     `attn(x)` is self-attention, `attn(x, memory)` is cross-attention. With `decode=True` the keys/values live in
-    the 'cache' collection (decoding/kv_cache.py): self-attention appends this step's key/value to a KVCache of the
+    the 'cache' collection (layers/kv_cache.py): self-attention appends this step's key/value to a KVCache of the
     full decode length, whose `cache_block` consecutive rows share one group of keys (set when the first call
     makes the cache); cross-attention projects the memory's keys/values once into a MemoryCache and reuses them
     at every later step. The attention weights are sown into the 'intermediates' collection when it is mutable.

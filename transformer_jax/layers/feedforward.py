@@ -1,4 +1,4 @@
-"""Position-wise feed-forward network (§3.3): FFN(x) = max(0, x W1 + b1) W2 + b2."""
+"""Position-wise feed-forward network (§3.3): FFN(x) = max(0, x W1 + b1) W2 + b2 (or swish / gelu for max(0, .))."""
 
 from __future__ import annotations
 
@@ -9,9 +9,15 @@ from transformer_jax.config import ModelConfig
 from transformer_jax.layers.init import bias_init, kernel_init
 from transformer_jax.layers.linear import dense_dot_general
 
+ACTIVATION_FNS = {
+    "relu": nn.relu,
+    "swish": nn.swish,
+    "gelu": lambda x: nn.gelu(x, approximate=False),
+}
+
 
 class FeedForward(nn.Module):
-    """Two linear maps with a ReLU between, applied to every position alike."""
+    """Two linear maps with a ReLU (config.activation) between, applied to every position alike."""
 
     config: ModelConfig
 
@@ -28,7 +34,7 @@ class FeedForward(nn.Module):
             kernel_init=kernel_init(("embed", "mlp")),
             bias_init=bias_init(("mlp",)),
         )(x)  # [batch, length, d_ff]
-        hidden = nn.relu(hidden)
+        hidden = ACTIVATION_FNS[cfg.activation](hidden)
         hidden = nn.Dropout(rate=cfg.relu_dropout_rate)(hidden, deterministic=deterministic)
         return nn.Dense(
             cfg.d_model,

@@ -1,4 +1,4 @@
-"""Initializers annotated with logical axis names, so sharding rules (parallel.py) can place them."""
+"""Initializers annotated with logical axis names, so sharding rules (sharding.py) can place them."""
 
 from __future__ import annotations
 

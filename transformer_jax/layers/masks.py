@@ -7,8 +7,11 @@ import jax.numpy as jnp
 
 def padding_mask(q_tokens: jnp.ndarray, kv_tokens: jnp.ndarray, pad_id: int) -> jnp.ndarray:
     """[batch, 1, q_len, kv_len]: both the query and the key are real tokens."""
-    q_real = q_tokens != pad_id  # [batch, q_len]
-    kv_real = kv_tokens != pad_id  # [batch, kv_len]
+    return real_mask(q_tokens != pad_id, kv_tokens != pad_id)
+
+
+def real_mask(q_real: jnp.ndarray, kv_real: jnp.ndarray) -> jnp.ndarray:
+    """[batch, 1, q_len, kv_len] from q_real [batch, q_len] and kv_real [batch, kv_len]: both are real tokens."""
     return q_real[:, None, :, None] & kv_real[:, None, None, :]
 
 

@@ -1,4 +1,4 @@
-"""Training (paper §5): label-smoothed loss, Adam + warm-up schedule, TrainState, jitted steps, the runner."""
+"""Training (paper §5): label-smoothed loss, Adam + warm-up schedule, TrainState, jitted steps, the training loop."""
 
 from transformer_jax.train.loss import LossSums, cross_entropy_sums, smoothed_targets, summarize
 from transformer_jax.train.optimizer import make_optimizer, transformer_schedule

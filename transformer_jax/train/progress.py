@@ -1,20 +1,11 @@
-"""What a training run reports: metrics.jsonl, TensorBoard events, a tqdm bar, and the curves PNG.
+"""What a training run reports: its run log (run_log.py), TensorBoard events, a tqdm bar, and the curves PNG.
 
-Rows of {workdir}/metrics.jsonl are {"kind": ..., "step": update, "elapsed_s": seconds since this `train` command
-started (tokenizer and compiling included), ...values}, kinds:
-
-  train       means since the previous train row: loss, nll, perplexity, accuracy, learning_rate, grad_norm,
-              tokens_per_sec (source + target tokens of all processes, padding excluded)
-  eval        validation loss, nll, perplexity, accuracy (token-weighted over the validation batches)
-  bleu        greedy BLEU / chrF of the first train.bleu_max_sentences validation pairs (train.bleu_every)
-  final_bleu  BLEU / chrF of the whole validation split after the last update (train.final_bleu)
-
-TensorBoard tags are "{kind}/{name}". Only process 0 writes (ProgressLog(write=False) elsewhere).
+TensorBoard tags are "{kind}/{name}" of the run log's rows. Only process 0 writes (ProgressLog(write=False)
+elsewhere).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Sequence
@@ -22,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
+from transformer_jax.run_log import RunLogWriter, read_rows
 from transformer_jax.train import loss as loss_lib
 
-METRICS_FILENAME = "metrics.jsonl"
 PLOT_FILENAME = "curves.png"
 TENSORBOARD_DIR = "tensorboard"
 
@@ -40,7 +31,7 @@ def summarize_train_metrics(metrics: Sequence[dict]) -> dict:
 
 
 class ProgressLog:
-    """metrics.jsonl (appended) + TensorBoard events + a tqdm progress bar of finished updates.
+    """The run log (appended) + TensorBoard events + a tqdm progress bar of finished updates.
 
     write=False (processes other than 0 of a multi-process run): every method does nothing.
     """
@@ -57,12 +48,13 @@ class ProgressLog:
         """total: the update the run stops at (None: unknown, e.g. a time budget); started: perf_counter() at the
         start of the run (default now)."""
         self.started = time.perf_counter() if started is None else started
-        self.file = self.writer = self.bar = None
+        self.run_log: RunLogWriter | None = None
+        self.writer = self.bar = None
         if not write:
             return
         from tensorboardX import SummaryWriter
 
-        self.file = open(workdir / METRICS_FILENAME, "a")  # noqa: SIM115 - open for the run, closed by close()
+        self.run_log = RunLogWriter(workdir)
         self.writer = SummaryWriter(str(workdir / TENSORBOARD_DIR))
         if progress:
             from tqdm.auto import tqdm
@@ -70,12 +62,10 @@ class ProgressLog:
             self.bar = tqdm(total=total, initial=start, desc="train", unit="step", dynamic_ncols=True)
 
     def log(self, kind: str, step: int, values: dict) -> None:
-        """One metrics.jsonl row; numeric values also go to TensorBoard as "{kind}/{name}"."""
-        if self.file is None or self.writer is None:
+        """One run log row; numeric values also go to TensorBoard as "{kind}/{name}"."""
+        if self.run_log is None or self.writer is None:
             return
-        elapsed = round(time.perf_counter() - self.started, 2)
-        self.file.write(json.dumps({"kind": kind, "step": step, "elapsed_s": elapsed, **values}) + "\n")
-        self.file.flush()
+        self.run_log.append(kind, step, time.perf_counter() - self.started, values)
         for key, value in values.items():
             if isinstance(value, (int, float)):
                 self.writer.add_scalar(f"{kind}/{key}", value, step)
@@ -88,7 +78,7 @@ class ProgressLog:
                 self.bar.set_postfix(postfix, refresh=False)
 
     def message(self, text: str) -> None:
-        if self.file is None:
+        if self.run_log is None:
             return
         if self.bar is not None:
             self.bar.write(text)
@@ -98,32 +88,20 @@ class ProgressLog:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-        if self.file is not None and self.writer is not None:
+        if self.run_log is not None and self.writer is not None:
             self.writer.close()
-            self.file.close()
+            self.run_log.close()
 
 
-def read_metrics(workdir: str | Path) -> list[dict]:
-    """Rows of metrics.jsonl; for a step logged twice (a resumed run), the last row wins."""
-    path = Path(workdir) / METRICS_FILENAME
-    if not path.is_file():
-        return []
-    rows = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            rows[(row["kind"], row["step"])] = row
-    return sorted(rows.values(), key=lambda row: (row["step"], row["kind"]))
-
-
-def plot_curves(workdir: str | Path) -> Path | None:
-    """PNG of train / eval loss and the learning rate against the step, from metrics.jsonl."""
+def plot_training_curves(workdir: str | Path) -> Path | None:
+    """{workdir}/curves.png: train loss and NLL, validation NLL and the learning rate against the update, from the
+    run log; None (nothing drawn) before its first train row."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = read_metrics(workdir)
+    rows = read_rows(workdir)
     train_rows = [row for row in rows if row["kind"] == "train"]
     eval_rows = [row for row in rows if row["kind"] == "eval"]
     if not train_rows:

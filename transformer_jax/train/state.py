@@ -2,11 +2,12 @@
 
 The model and the optax transformation are not in the state (they are static and rebuilt from the config);
 `create_train_state` returns the state already placed on the mesh, with the NamedShardings derived from the
-parameters' logical axis names (parallel.py).
+parameters' logical axis names (sharding.py).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax
@@ -16,7 +17,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from transformer_jax import parallel
+from transformer_jax import sharding
 from transformer_jax.config import ModelConfig
 from transformer_jax.model import Transformer
 
@@ -37,13 +38,18 @@ class TrainState(flax.struct.PyTreeNode):
     accum_tokens: jnp.ndarray | None = None
 
 
+def _boxed_params(model: Transformer, rng: jax.Array) -> Any:
+    """The model's parameters, still in their `nn.LogicallyPartitioned` boxes."""
+    tokens = jnp.ones((1, 8), jnp.int32)  # [batch, length]: the parameter shapes do not depend on it
+    return model.init({"params": rng}, tokens, tokens)["params"]
+
+
 def boxed_init_fn(model: Transformer, tx: optax.GradientTransformation, accum_steps: int):
     """rng -> TrainState with parameters still in their `nn.LogicallyPartitioned` boxes."""
 
     def init(rng):
         params_rng, dropout_rng = jax.random.split(rng)
-        tokens = jnp.ones((1, 8), jnp.int32)  # [batch, length]: the parameter shapes do not depend on it
-        params = model.init({"params": params_rng}, tokens, tokens)["params"]
+        params = _boxed_params(model, params_rng)
         return TrainState(
             step=jnp.zeros((), jnp.int32),
             params=params,
@@ -60,7 +66,7 @@ def state_initializer(
     model_cfg: ModelConfig,
     tx: optax.GradientTransformation,
     mesh: Mesh,
-    rules: parallel.Rules = parallel.DEFAULT_RULES,
+    rules: sharding.Rules = sharding.DEFAULT_RULES,
     accum_steps: int = 1,
     compiler_options: dict | None = None,
 ):
@@ -71,7 +77,7 @@ def state_initializer(
     """
     boxed_init = boxed_init_fn(Transformer(model_cfg), tx, accum_steps)
     abstract_boxed = jax.eval_shape(boxed_init, jax.random.PRNGKey(0))
-    shardings = parallel.tree_shardings(abstract_boxed, mesh, rules)
+    shardings = sharding.tree_shardings(abstract_boxed, mesh, rules)
     init = jax.jit(lambda key: nn.unbox(boxed_init(key)), out_shardings=shardings, compiler_options=compiler_options)
     abstract = jax.tree.map(
         lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
@@ -81,12 +87,19 @@ def state_initializer(
     return init, shardings, abstract
 
 
+def params_shardings(model_cfg: ModelConfig, mesh: Mesh, rules: sharding.Rules = sharding.DEFAULT_RULES) -> Any:
+    """The NamedShardings of the parameters alone, those of `state_initializer`'s state.params, without the
+    optimizer (for a trained model's parameters, e.g. a checkpoint scored apart from its run). Nothing is computed."""
+    boxed = jax.eval_shape(functools.partial(_boxed_params, Transformer(model_cfg)), jax.random.PRNGKey(0))
+    return sharding.tree_shardings(boxed, mesh, rules)
+
+
 def create_train_state(
     model_cfg: ModelConfig,
     tx: optax.GradientTransformation,
     seed: int,
     mesh: Mesh,
-    rules: parallel.Rules = parallel.DEFAULT_RULES,
+    rules: sharding.Rules = sharding.DEFAULT_RULES,
     accum_steps: int = 1,
 ):
     """Initialises the state on the mesh. Returns (state, state_shardings, abstract_state)."""

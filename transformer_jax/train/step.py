@@ -23,7 +23,7 @@ import optax
 from jax.extend import random as jax_random_ext
 from jax.sharding import Mesh, PartitionSpec
 
-from transformer_jax import parallel
+from transformer_jax import sharding
 from transformer_jax.experiment import DROPOUT_PRNGS
 from transformer_jax.model import Transformer
 from transformer_jax.train.loss import cross_entropy_sums
@@ -177,14 +177,14 @@ def jit_train_step(
     train_step: Callable,
     state_shardings: Any,
     mesh: Mesh,
-    rules: parallel.Rules = parallel.DEFAULT_RULES,
+    rules: sharding.Rules = sharding.DEFAULT_RULES,
     compiler_options: dict | None = None,
 ) -> Callable:
     """jax.jit with explicit in/out shardings; the input state is donated (its buffers are reused)."""
     return jax.jit(
         train_step,
-        in_shardings=(state_shardings, parallel.batch_sharding(mesh, rules)),
-        out_shardings=(state_shardings, parallel.replicated(mesh)),
+        in_shardings=(state_shardings, sharding.batch_sharding(mesh, rules)),
+        out_shardings=(state_shardings, sharding.replicated(mesh)),
         donate_argnums=(0,),
         compiler_options=compiler_options,
     )
@@ -194,7 +194,7 @@ def jit_per_device_train_step(
     train_step: Callable,
     state_shardings: Any,
     mesh: Mesh,
-    rules: parallel.Rules = parallel.DEFAULT_RULES,
+    rules: sharding.Rules = sharding.DEFAULT_RULES,
     compiler_options: dict | None = None,
 ) -> Callable:
     """The data-parallel step written per device, as `jax.pmap` programs are: `jax.jit` of a `jax.shard_map`.
@@ -211,7 +211,7 @@ def jit_per_device_train_step(
             f"the per-device step (mesh.mode='pmap') is data parallel only; the mesh {dict(mesh.shape)} has "
             "fsdp or tensor > 1: use mesh.mode='jit' for those."
         )
-    batch_spec = parallel.batch_sharding(mesh, rules).spec
+    batch_spec = sharding.batch_sharding(mesh, rules).spec
     per_device = jax.shard_map(
         train_step,
         mesh=mesh,
@@ -222,21 +222,21 @@ def jit_per_device_train_step(
     return jit_train_step(per_device, state_shardings, mesh, rules, compiler_options)
 
 
-def per_device_axes(rules: parallel.Rules = parallel.DEFAULT_RULES) -> tuple[str, ...]:
+def per_device_axes(rules: sharding.Rules = sharding.DEFAULT_RULES) -> tuple[str, ...]:
     """The mesh axes a batch is split over, i.e. the `axis_name` of a step for `jit_per_device_train_step`."""
-    return parallel.mesh_axis_names(dict(rules)["batch"])
+    return sharding.mesh_axis_names(dict(rules)["batch"])
 
 
 def jit_eval_step(
     eval_step: Callable,
     params_shardings: Any,
     mesh: Mesh,
-    rules: parallel.Rules = parallel.DEFAULT_RULES,
+    rules: sharding.Rules = sharding.DEFAULT_RULES,
     compiler_options: dict | None = None,
 ) -> Callable:
     return jax.jit(
         eval_step,
-        in_shardings=(params_shardings, parallel.batch_sharding(mesh, rules)),
-        out_shardings=parallel.replicated(mesh),
+        in_shardings=(params_shardings, sharding.batch_sharding(mesh, rules)),
+        out_shardings=sharding.replicated(mesh),
         compiler_options=compiler_options,
     )

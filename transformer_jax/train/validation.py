@@ -1,4 +1,5 @@
-"""Validation during training: the loss of the validation batches, and BLEU / chrF of decoded validation pairs.
+"""Validation during training: the loss of the validation batches, and BLEU / chrF of decoded validation pairs; each
+logged as a run log row and a line (`log_loss`, `log_bleu`).
 
 On several processes every process must call both functions (they run collectives); each process feeds its own
 rows of every validation batch, and only process 0 decodes for BLEU.
@@ -12,12 +13,13 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from transformer_jax import parallel
+from transformer_jax import sharding
 from transformer_jax.config import ModelConfig
 from transformer_jax.decoding import DecodeConfig
 from transformer_jax.evaluation import evaluate_pairs
-from transformer_jax.metrics import Scores
+from transformer_jax.scoring import Scores
 from transformer_jax.train import loss as loss_lib
+from transformer_jax.train.progress import ProgressLog
 from transformer_jax.translate import Translator
 
 
@@ -26,7 +28,7 @@ def validation_loss(
     params: Any,
     batches: Sequence[dict],
     mesh: Mesh,
-    rules: parallel.Rules = parallel.DEFAULT_RULES,
+    rules: sharding.Rules = sharding.DEFAULT_RULES,
     shard: tuple[int, int] = (0, 1),
 ) -> dict:
     """Token-weighted means over all validation batches (loss, nll, perplexity, accuracy).
@@ -35,7 +37,7 @@ def validation_loss(
     """
     totals = {"loss": 0.0, "nll": 0.0, "correct": 0.0, "tokens": 0.0}
     outputs = [
-        eval_step(params, parallel.global_batch(parallel.local_rows(batch, *shard), mesh, rules)) for batch in batches
+        eval_step(params, sharding.global_batch(sharding.local_rows(batch, *shard), mesh, rules)) for batch in batches
     ]
     for sums in jax.device_get(outputs):
         for key in totals:
@@ -65,3 +67,29 @@ def validation_bleu(
         params = jax.device_put(params, jax.local_devices()[0])
     translator = Translator(model_cfg, params, tokenizer, decode_config=decode_config, method=method)
     return evaluate_pairs(translator, pairs).scores
+
+
+def log_loss(log: ProgressLog, update: int, metrics: dict) -> None:
+    """The 'eval' row of `validation_loss`'s metrics at `update`, and its line."""
+    log.log("eval", update, metrics)
+    log.message(
+        f"update {update}: validation loss {metrics['loss']:.4f}, NLL {metrics['nll']:.4f}, "
+        f"perplexity {metrics['perplexity']:.2f}, accuracy {metrics['accuracy']:.3f}"
+    )
+
+
+def log_bleu(log: ProgressLog, kind: str, update: int, method: str, scores: Scores) -> dict:
+    """A `kind` row ('bleu', 'final_bleu') of `validation_bleu`'s scores of `method` at `update`, and its line;
+    returns the row's scores."""
+    values = {
+        "bleu": scores.bleu,
+        "bleu_lowercase": scores.bleu_lowercase,
+        "chrf": scores.chrf,
+        "sentences": scores.sentences,
+    }
+    log.log(kind, update, dict(values, method=method))
+    log.message(
+        f"update {update}: validation {method} BLEU {scores.bleu:.2f} (lowercased {scores.bleu_lowercase:.2f}), "
+        f"chrF {scores.chrf:.2f} ({scores.sentences} sentences)"
+    )
+    return values

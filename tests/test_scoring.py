@@ -3,7 +3,7 @@
 import pytest
 import sacrebleu
 
-from transformer_jax.metrics import score
+from transformer_jax.scoring import score
 
 
 def test_moses_lowercase_bleu_equals_bleu_of_hand_tokenized_lowercased_text():

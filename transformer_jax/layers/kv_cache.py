@@ -16,7 +16,7 @@ from flax import struct
 from jax import lax
 from jax.sharding import PartitionSpec
 
-# Logical names of the dimensions of keys/values [groups, heads, length, d_k | d_v]; parallel.py's rule tables map
+# Logical names of the dimensions of keys/values [groups, heads, length, d_k | d_v]; sharding.py's rule tables map
 # them to mesh axes, as they do the parameters' names ('kv' names d_k and d_v, as in the projections' kernels).
 KV_AXES = PartitionSpec("batch", "heads", "length", "kv")
 
@@ -177,12 +177,6 @@ class MemoryCache(struct.PyTreeNode):
 
     key: jax.Array
     value: jax.Array
-
-    def resized(self, max_len: int) -> MemoryCache:
-        return self
-
-    def reorder(self, indices: jnp.ndarray, *, one_hot: bool = False) -> MemoryCache:
-        return self
 
     def logical_axes(self) -> MemoryCache:
         return self.replace(key=KV_AXES, value=KV_AXES)

@@ -1,9 +1,10 @@
 """The compiled functions of a run: state init, the train step of its parallel mode (config `mesh.mode`), the
-eval step, and the abstract state a checkpoint is restored into (`compiled_steps`).
+eval step, and the abstract state a checkpoint is restored into (`compiled_steps`); the eval step alone, for trained
+parameters scored apart from their run (`jitted_eval_step`).
 
 'jit' is the step of train/step.py over the mesh, its shardings chosen by XLA from the rule table; 'pmap' is
 the same step written per device with explicit `psum`s (`jit_per_device_train_step`, data parallel only).
-Both take and return a TrainState on the jit shardings and a batch from `parallel.global_batch`.
+Both take and return a TrainState on the jit shardings and a batch from `sharding.global_batch`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, NamedTuple
 import jax
 import optax
 
-from transformer_jax import parallel
+from transformer_jax import sharding
 from transformer_jax.config import ModelConfig
 from transformer_jax.experiment import Experiment, OptimizerConfig, TrainConfig
 from transformer_jax.model import Transformer
@@ -42,7 +43,7 @@ def compiled_train_step(
     accum_steps: int,
     mesh: jax.sharding.Mesh,
     state_shardings: Any,
-    rules: parallel.Rules = parallel.DEFAULT_RULES,
+    rules: sharding.Rules = sharding.DEFAULT_RULES,
     compiler_options: dict | None = None,
     dropout_prng: str = "rbg_threefry",
 ) -> Callable:
@@ -115,5 +116,16 @@ def _compile(settings: _StepSettings) -> CompiledSteps:
         compiler_options=options,
         dropout_prng=train_cfg.dropout_prng,
     )
-    eval_step = make_eval_step(model, label_smoothing=train_cfg.label_smoothing)
-    return CompiledSteps(init, train_step, jit_eval_step(eval_step, shardings.params, mesh, rules, options), abstract)
+    return CompiledSteps(
+        init, train_step, jitted_eval_step(model_cfg, train_cfg, shardings.params, mesh, rules), abstract
+    )
+
+
+def jitted_eval_step(
+    model_cfg: ModelConfig, train_cfg: TrainConfig, params_shardings: Any, mesh: jax.sharding.Mesh, rules: tuple
+) -> Callable:
+    """The jitted `(params, global batch) -> loss sums` of a run (train.label_smoothing, train.fast_compile), its
+    parameters on `params_shardings` (a state's, or train/state.params_shardings without the optimizer)."""
+    options = FAST_COMPILE_OPTIONS if train_cfg.fast_compile else None
+    eval_step = make_eval_step(Transformer(model_cfg), label_smoothing=train_cfg.label_smoothing)
+    return jit_eval_step(eval_step, params_shardings, mesh, rules, options)

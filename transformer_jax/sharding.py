@@ -1,28 +1,28 @@
-"""Device mesh, logical-axis rules and NamedShardings for `jax.jit` over a Mesh.
+"""Where arrays live: logical-axis rules and NamedShardings over a device Mesh, and a batch over processes.
 
-Model parameters carry logical axis names ('vocab', 'embed', 'heads', 'kv', 'mlp', see layers/init.py);
-batches use 'batch' and 'length'. A rule table maps each logical name to mesh axes (or None = replicated),
-and every sharding in the training step is derived from it, so a new parallelism scheme is a new table:
+Model parameters carry logical axis names ('vocab', 'embed', 'heads', 'kv', 'mlp', see layers/init.py); batches
+use 'batch' and 'length'; the decode cache names its own (layers/kv_cache.py). A rule table maps each logical name
+to mesh axes (or None = replicated), and every sharding is derived from it, so a new parallelism scheme is a new
+table:
 
     mesh axes: ('data', 'fsdp', 'tensor')     default: one device, all sizes 1
 
 Rule tables: DEFAULT_RULES (data parallel), FSDP_RULES, TENSOR_RULES, FSDP_TENSOR_RULES (`make_rules`,
-`rules_for_mesh`, `rules_from_config`); arrays that name their axes themselves (the decode cache):
-`logical_tree_shardings`. The per-device step lives in train/step.py, multi-host start-up in distributed.py;
-`data_shard`, `local_rows`, `global_batch` (below) give each process its rows of a global batch (docs/SCALING.md).
+`rules_for_mesh`, `rules_named`); arrays that name their axes themselves: `logical_tree_shardings`. A run's
+`Layout` (`make_layout`: mesh, table, this process's rows); `data_shard`, `local_rows`, `global_batch` give each
+process its rows of a global batch and assemble them (docs/SCALING.md). The per-device step lives in
+train/step.py, multi-host start-up in distributed.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-from transformer_jax.experiment import MeshConfig
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -156,13 +156,12 @@ def rules_for_mesh(mesh: Mesh) -> Rules:
     return make_rules(fsdp=mesh.shape["fsdp"] > 1, tensor=mesh.shape["tensor"] > 1)
 
 
-def rules_from_config(mesh_cfg: MeshConfig, mesh: Mesh) -> Rules:
-    """Rules named by `mesh_cfg.rules` ('auto' | 'dp' | 'fsdp' | 'tensor' | 'fsdp_tensor'; experiment.MeshConfig).
+def rules_named(name: str, mesh: Mesh) -> Rules:
+    """The rule table 'auto' | 'dp' | 'fsdp' | 'tensor' | 'fsdp_tensor' (the `mesh.rules` of an experiment).
 
     'auto' = `rules_for_mesh(mesh)`. A named table must fit the mesh: 'dp' on a mesh with fsdp > 1 would silently
     replicate what the user asked to shard, so it is an error.
     """
-    name = mesh_cfg.rules
     if name == "auto":
         return rules_for_mesh(mesh)
     if name not in RULE_TABLES:
@@ -235,6 +234,30 @@ def per_device_bytes(tree: Any) -> dict[str, int]:
     return totals
 
 
+class Layout(NamedTuple):
+    """Where a run's arrays live."""
+
+    mesh: Mesh
+    rules: tuple  # the rule table
+    shard: tuple[int, int]  # (index, count): this process's rows of every global batch (`data_shard`)
+
+    @property
+    def batch_axes(self) -> int:
+        """Devices a batch is split over (data x fsdp): batches have a multiple of this many rows."""
+        return self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+
+
+def make_layout(shape: Mapping[str, int], rules: str = "auto", model_cfg: Any = None) -> Layout:
+    """A mesh of every device (`make_mesh(shape)`), the rule table named `rules` (`rules_named`) and this process's
+    rows; with `model_cfg`, checked to divide the model (`check_model_fits_mesh`). ValueError names what does not
+    fit."""
+    mesh = make_mesh(shape)
+    table = tuple(rules_named(rules, mesh))
+    if model_cfg is not None:
+        check_model_fits_mesh(model_cfg, mesh, table)
+    return Layout(mesh, table, data_shard(mesh, table))
+
+
 # ------------------------------------------------------------------------------------- batches over processes
 
 
@@ -242,7 +265,7 @@ def data_shard(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> tuple[int, int]:
     """(shard_index, shard_count) of this process's rows of every global batch.
 
     The global batch is split over the mesh's batch axes; this process holds the rows of its own devices, which
-    must form one contiguous block (true for `parallel.make_mesh`, whose devices are ordered by process). Feed the
+    must form one contiguous block (true for `make_mesh`, whose devices are ordered by process). Feed the
     pair to `data.batching.TrainBatches(shard_index=, shard_count=)`: it yields rows
     [index * rows / count, (index + 1) * rows / count) of each global batch, which is this block.
     Processes that hold the same rows (a tensor axis spanning hosts) get the same index and must read the same data.
@@ -256,7 +279,7 @@ def data_shard(mesh: Mesh, rules: Rules = DEFAULT_RULES) -> tuple[int, int]:
     if rows != list(range(rows[0], rows[0] + len(rows))):
         raise ValueError(
             f"the batch rows of process {jax.process_index()} ({rows}) are not contiguous on the mesh "
-            f"{dict(mesh.shape)}; order the mesh's devices by process (parallel.make_mesh does)."
+            f"{dict(mesh.shape)}; order the mesh's devices by process (make_mesh does)."
         )
     count = shards // len(rows)
     return rows[0] // len(rows), count

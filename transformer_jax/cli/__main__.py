@@ -1,0 +1,7 @@
+"""`python -m transformer_jax.cli ...` is `transformer-jax ...`."""
+
+import sys
+
+from transformer_jax.cli import main
+
+sys.exit(main())

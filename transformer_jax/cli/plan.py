@@ -1,0 +1,79 @@
+"""`plan`: the run's train step compiled for a TPU slice on this machine; what fits per chip, how fast it could go."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from transformer_jax.cli.command import Command
+from transformer_jax.errors import ArgumentError
+
+
+def _declare_plan(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="experiment file with get_config(), e.g. experiments/big.py")
+    parser.add_argument("--target", required=True, help="a TPU slice, GENERATION:TOPOLOGY (v5e:2x2, v5p:2x2x2, ...)")
+    parser.add_argument(
+        "--lengths",
+        default=None,
+        help="comma-separated bucket lengths to compile (default: every bucket; --search: the shortest and longest)",
+    )
+    parser.add_argument("--search", action="store_true", help="every mesh of the slice that divides the model, ranked")
+    parser.add_argument("--json", type=Path, default=None, help="also write the report(s) as JSON to this file")
+
+
+def _lengths(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        lengths = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ArgumentError(f"--lengths {text}: give bucket lengths as integers, e.g. --lengths 32,256.") from None
+    if not lengths or min(lengths) < 1:
+        raise ArgumentError(f"--lengths {text}: give positive bucket lengths, e.g. --lengths 32,256.")
+    return lengths
+
+
+def _run_plan(args: argparse.Namespace) -> None:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the compiler needs no accelerator; the host must not claim one
+    import jax
+
+    from transformer_jax import plan
+
+    # A program compiled for a slice this machine does not have cannot be read back from the persistent cache.
+    jax.config.update("jax_enable_compilation_cache", False)
+    from transformer_jax.experiment import load_experiment
+
+    experiment = load_experiment(args.config, args.config_overrides)
+    lengths = _lengths(args.lengths)
+    target = plan.parse_target(args.target)  # a bad name fails here, before any compile
+    if args.search:
+        progress = lambda report: print(f"compiled {report.overrides}", file=sys.stderr, flush=True)  # noqa: E731
+        reports = plan.search(experiment, target, lengths=lengths, progress=progress)
+        print(plan.format_search(reports))
+        values: object = [report.to_dict() for report in reports]
+    else:
+        report = plan.plan(experiment, target, lengths=lengths)
+        print(plan.format_report(report))
+        values = report.to_dict()
+    if args.json:
+        args.json.write_text(json.dumps(values, indent=1, default=str) + "\n")
+        print(f"wrote {args.json}")
+
+
+COMMANDS = (
+    Command(
+        "plan",
+        help="Compile the train step for a TPU slice on this machine: memory per chip, FLOPs, a speed estimate.",
+        declare=_declare_plan,
+        run=_run_plan,
+        note="Needs the TPU compiler (`make test-plan` builds .venv-tpu with it); override config fields with "
+        "--config.section.field=value, as for train.",
+        examples=(
+            "transformer-jax plan --config experiments/base.py --target v5e:2x2 --config.model.dtype=bfloat16",
+            "transformer-jax plan --config experiments/big.py --target v5e:4x4 --search --lengths 32,256",
+        ),
+    ),
+)

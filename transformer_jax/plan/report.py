@@ -1,0 +1,111 @@
+"""A plan as tables: per bucket for one layout, and the layouts of a search ranked."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from transformer_jax import sharding
+from transformer_jax.plan.figures import PlanReport
+from transformer_jax.plan.targets import GiB
+
+
+def _size(value: float | None) -> str:
+    if value is None:
+        return "-"
+    sign = "-" if value < 0 else ""
+    value = abs(value)
+    if value >= GiB / 10:
+        return f"{sign}{value / GiB:.2f} GiB"
+    return f"{sign}{value / 2**20:.1f} MiB" if value >= 2**20 / 10 else f"{sign}{value / 2**10:.1f} KiB"
+
+
+def _number(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
+    return "-" if value is None else f"{value / scale:,.{digits}f}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
+    return ["  ".join(str(cell).rjust(width) for cell, width in zip(row, widths)) for row in (header, *rows)]
+
+
+def format_report(report: PlanReport) -> str:
+    """The plan as text: the layout and state per chip, then one row per bucket."""
+    chip = report.chip
+    state = report.state_bytes
+    lines = [
+        f"{report.target}: {report.chips} x {chip.name} ({chip.peak_flops / 1e12:.0f} TFLOP/s bf16, "
+        f"{_size(chip.hbm_bytes)} HBM at {chip.hbm_bandwidth / 1e9:,.0f} GB/s per chip)",
+        f"mesh {report.overrides} (rules {report.rules}, mode {report.mode}), {report.parameters:,} parameters, "
+        f"activations {report.dtype}, accum_steps {report.accum_steps}",
+        f"state per chip from the shardings: params {_size(state['params'])}, Adam moments "
+        f"{_size(state['optimizer'])}, other {_size(state['other'])}",
+        "",
+    ]
+    header = (
+        "bucket", "fits", "arguments", "outputs", "temp", "needed", "HBM left",
+        "GFLOP", "analytic", "GB accessed", "est. step ms", "tokens/s", "MFU", "compile s",
+    )  # fmt: skip
+    rows = []
+    for bucket in report.buckets:
+        rows.append(
+            (
+                f"{bucket.rows}x{bucket.length}",
+                "yes" if bucket.fits else "NO",
+                _size(bucket.argument_bytes),
+                _size(bucket.output_bytes),
+                _size(bucket.temp_bytes),
+                _size(bucket.needed_bytes),
+                _size(bucket.headroom_bytes),
+                _number(bucket.flops, 1e9),
+                _number(bucket.analytic_flops, 1e9),
+                _number(bucket.bytes_accessed, 1e9, 2),
+                _number(bucket.step_s, 1e-3, 2),
+                _number(bucket.tokens_per_s, 1, 0),
+                "-" if bucket.mfu is None else f"{bucket.mfu:.0%}",
+                f"{bucket.compile_s:.0f}",
+            )
+        )
+    lines += _table(header, rows)
+    for bucket in report.buckets:
+        if bucket.compiler_message:
+            lines.append(f"{bucket.rows}x{bucket.length} does not fit: {bucket.compiler_message}")
+        elif bucket.expected_argument_bytes not in (None, bucket.argument_bytes):
+            lines.append(
+                f"{bucket.rows}x{bucket.length}: the compiler's arguments ({bucket.argument_bytes:,} B) differ from "
+                f"our shardings' ({bucket.expected_argument_bytes:,} B in the chip's tiles)"
+            )
+    lines += [
+        "",
+        "Per chip. bucket: rows x length of the global batch. needed: the larger of the compiler's peak and its "
+        "arguments + outputs - donated + temp (a step that does not fit: what the compiler required). GFLOP: the "
+        "compiler's count; analytic: 3 x the model's forward matmuls. est. step: max(FLOPs / peak FLOP/s, bytes / "
+        "HBM bandwidth), rough (collectives and input not counted). tokens/s: padded positions per side "
+        "(data.tokens_per_batch) per second.",
+    ]
+    return "\n".join(lines)
+
+
+def format_search(reports: Sequence[PlanReport]) -> str:
+    """The ranked layouts of `search`, each with its --config.mesh.* overrides."""
+    if not reports:
+        return "no mesh of this slice divides the model and the batch."
+    first = reports[0]
+    lines = [f"{first.target}: {first.chips} x {first.chip.name}, layouts ranked by estimated tokens/s", ""]
+    header = ("rank", "data", "fsdp", "tensor", "fits", "needed", "HBM left", "est. tokens/s", "MFU", "overrides")
+    rows = []
+    for rank, report in enumerate(reports, start=1):
+        worst = max(report.buckets, key=lambda bucket: bucket.needed_bytes or 0)
+        mfu = min((bucket.mfu for bucket in report.buckets if bucket.mfu is not None), default=None)
+        rows.append(
+            (
+                str(rank),
+                *(str(report.mesh[axis]) for axis in sharding.MESH_AXES),
+                "yes" if report.fits else "NO",
+                _size(worst.needed_bytes),
+                _size(worst.headroom_bytes),
+                _number(report.tokens_per_s, 1, 0) if report.fits else "-",
+                "-" if mfu is None or not report.fits else f"{mfu:.0%}",
+                report.overrides,
+            )
+        )
+    return "\n".join(lines + _table(header, rows))
