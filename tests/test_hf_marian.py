@@ -257,15 +257,25 @@ def test_a_model_we_cannot_express_is_refused_and_nothing_written(tokenizer_dir,
     assert not target.exists()
 
 
-def test_beam_search_with_the_hf_penalty_equals_generate(imported, pairs):
-    """Beam 4, |Y| ** 1.0 (generate's default length_penalty): the best hypotheses of beam_search on a padded batch
-    are generate's with early_stopping='never' (its exact stop), run on each sentence alone so that both have the
-    sentence's length limit. Both models' logits bias lifts EOS to about its mean gap to the best token on the
-    references (three settings), so that some hypotheses end before their limit.
+def _hf_beam_score(hf_model, input_ids, tokens: list[int], start_id: int) -> float:
+    """transformers' own score of a hypothesis: sum log p(token) by teacher forcing, over |Y| ** 1.0."""
+    decoder_inputs = torch.tensor([[start_id] + tokens[:-1]])  # [1, len(tokens)]
+    log_probs = torch.log_softmax(hf_model(input_ids=input_ids, decoder_input_ids=decoder_inputs).logits[0], dim=-1)
+    return float(log_probs[torch.arange(len(tokens)), torch.tensor(tokens)].sum()) / len(tokens)
 
-    One difference: generate lets a hypothesis end only if its EOS extension is among the best num_beams of its
-    2 * num_beams candidates (top_num_beam_mask), beam_search among all 2 * beam. So beam_search may return a
-    hypothesis that generate never finished; it then scores higher than generate's."""
+
+def test_beam_search_with_the_hf_penalty_equals_generate(imported, pairs):
+    """Beam 4, |Y| ** 1.0 (generate's default length_penalty), on a padded batch, against generate with
+    early_stopping='never' (its exact stop) run on each sentence alone, so that both have the sentence's length
+    limit. Both models' logits bias lifts EOS to about its mean gap to the best token on the references (three
+    settings), so that some hypotheses end before their limit.
+
+    The searches keep the same live beams; they differ in which hypotheses may end: generate lets one end only if its
+    EOS extension is among the best num_beams of its 2 * num_beams candidates (top_num_beam_mask), beam_search among
+    all 2 * beam. So beam_search's best is generate's (same tokens, same score), or a hypothesis generate never
+    finished, which then scores higher than generate's best, and its score is the one transformers' own forward pass
+    gives those tokens. Which of the two happens for a sentence turns on near-ties, which float rounding settles
+    differently by CPU and version, so the test asserts that each sentence is one of the two, not how many are which."""
     name, model, hf_tokenizer, workdir = imported
     cfg, params, _ = ckpt.load_model_for_inference(workdir)
     logits, _ = _our_logits(workdir, pairs)  # [batch, tgt_len, vocab]
@@ -281,8 +291,9 @@ def test_beam_search_with_the_hf_penalty_equals_generate(imported, pairs):
         with torch.no_grad():
             hf_model.final_logits_bias[0, cfg.eos_id] += bonus
             for row, (source, _) in enumerate(pairs["validation"]):
+                input_ids = hf_tokenizer([source], return_tensors="pt")["input_ids"]  # [1, src_len]
                 generated = hf_model.generate(
-                    input_ids=hf_tokenizer([source], return_tensors="pt")["input_ids"],  # [1, src_len]
+                    input_ids=input_ids,
                     num_beams=4,
                     length_penalty=1.0,
                     early_stopping="never",
@@ -294,16 +305,18 @@ def test_beam_search_with_the_hf_penalty_equals_generate(imported, pairs):
                 )
                 theirs = generated.sequences[0, 1:].tolist()  # without the start token
                 theirs = theirs[: theirs.index(cfg.eos_id) + 1] if cfg.eos_id in theirs else theirs
-                if [int(t) for t in sequences[row, 0] if t != cfg.pad_id] == theirs:
+                ours = [int(t) for t in sequences[row, 0] if t != cfg.pad_id]
+                if ours == theirs:
                     agree += 1
                     np.testing.assert_allclose(scores[row, 0], generated.sequences_scores[0], rtol=1e-4)
                 else:
-                    assert scores[row, 0] > float(generated.sequences_scores[0]) + 1e-5
                     better += 1
+                    assert scores[row, 0] > float(generated.sequences_scores[0]) + 1e-5, (row, ours, theirs)
+                    rescored = _hf_beam_score(hf_model, input_ids, ours, cfg.pad_id)
+                    np.testing.assert_allclose(scores[row, 0], rescored, rtol=1e-4)
                 lengths.append((len(theirs), limits[row]))
     print(
         f"{name}: beam 4, hf penalty: the best hypothesis is generate's for {agree}/{len(lengths)} sentences, "
-        f"scores higher for {better}; (length, limit) {lengths}"
+        f"scores higher for {better} (transformers' own score of it); (length, limit) {lengths}"
     )
-    assert agree >= len(lengths) - 2
     assert any(1 < length < limit for length, limit in lengths), "no hypothesis ends before its limit"
