@@ -4,8 +4,8 @@
   the relaunch resumes there and ends with the parameters of an uninterrupted run on the same 2 x 2 devices, bit
   for bit (another layout rounds its sums otherwise, and Adam amplifies that over a dozen updates).
 - kill -9 of one process: the other ends within seconds with one line (PeerLostError: which update, the newest
-  checkpoint, how to resume) and exit distributed.PEER_LOST_EXIT_CODE, never a hang or "a bug in transformer_jax":
-  by its failed collective, or by distributed.PeerWatch when it is in none (compiling, say).
+  checkpoint, how to resume) and exit peers.PEER_LOST_EXIT_CODE, never a hang or "a bug in transformer_jax":
+  by its failed collective, or by peers.PeerWatch when it is in none (compiling, say).
 - SIGSTOP of one process (a host that hangs): no collective fails, so PeerWatch ends the other once the stopped one
   has missed its heartbeats for heartbeat_timeout seconds, with the same line and exit code.
 A hang fails by the subprocess timeout.
@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 from conftest import tiny_run_overrides
 
-from transformer_jax import distributed
+from transformer_jax import peers
 from transformer_jax.workdir import load_params
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("multihost")]
@@ -142,7 +142,7 @@ def test_a_dead_process_ends_the_other_with_one_line_and_its_own_exit_code(tmp_p
     code, output = finish(processes[0], tmp_path / "run0.log", timeout=120)
     elapsed = time.monotonic() - killed
     print(f"[faults] kill -9 of process 1: process 0 exited {code} {elapsed:.1f} s later")
-    assert code == distributed.PEER_LOST_EXIT_CODE, f"exit {code}\n{output[-3000:]}"
+    assert code == peers.PEER_LOST_EXIT_CODE, f"exit {code}\n{output[-3000:]}"
     (line,) = [line for line in output.splitlines() if line.startswith("PeerLostError")]
     assert "process 0 of 2 lost process 1 at update" in line and "relaunch the same command" in line, line
     assert "no checkpoint yet" in line  # none was due: checkpoint_every is 1000
@@ -163,7 +163,7 @@ def test_a_hung_process_ends_the_other_after_its_heartbeat_timeout(tmp_path):
         processes[1].wait()
     elapsed = time.monotonic() - stopped
     print(f"[faults] SIGSTOP of process 1: process 0 exited {code} {elapsed:.1f} s later")
-    assert code == distributed.PEER_LOST_EXIT_CODE, f"exit {code}\n{output[-3000:]}"
+    assert code == peers.PEER_LOST_EXIT_CODE, f"exit {code}\n{output[-3000:]}"
     (line,) = [line for line in output.splitlines() if line.startswith("PeerLostError")]
     assert "process 0 of 2 lost process 1 at update" in line and "no heartbeat for heartbeat_timeout=10 s" in line
     assert "relaunch the same command" in line, line
@@ -174,9 +174,9 @@ def test_a_hung_process_ends_the_other_after_its_heartbeat_timeout(tmp_path):
 
 def test_only_a_lost_peer_is_reported_as_one(monkeypatch):
     """The words of a failed collective count; another runtime error (out of memory) stays a bug, traceback and all."""
-    monkeypatch.setattr(distributed.jax, "process_count", lambda: 2)
+    monkeypatch.setattr(peers.jax, "process_count", lambda: 2)
     gone = RuntimeError("UNKNOWN: Gloo all-reduce failed: Read error [127.0.0.1]:16606: Connection reset by peer")
-    assert distributed.lost_a_peer(gone)
-    assert not distributed.lost_a_peer(RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 2.1G"))
-    monkeypatch.setattr(distributed.jax, "process_count", lambda: 1)
-    assert not distributed.lost_a_peer(gone)  # one process has no peer to lose
+    assert peers.lost_a_peer(gone)
+    assert not peers.lost_a_peer(RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 2.1G"))
+    monkeypatch.setattr(peers.jax, "process_count", lambda: 1)
+    assert not peers.lost_a_peer(gone)  # one process has no peer to lose

@@ -18,9 +18,8 @@ the environment, then from JAX's cluster auto-detection (Cloud TPU pods, SLURM, 
 With nothing set and no cluster detected, `initialize` does nothing (one process). A launch that cannot complete
 (coordinator unreachable, a process missing, processes disagreeing on the process count) raises
 `DistributedStartupError` within about `initialization_timeout` seconds, saying what to check, instead of hanging
-(exit STARTUP_FAILED_EXIT_CODE). A process that dies or stops responding ends the others with one line and
-PEER_LOST_EXIT_CODE (`PeerWatch`, or a collective that fails first: `end_after_lost_peer`); the relaunch resumes from
-the newest intact checkpoint. A signal to one process stops them all (train/actions.StopSignals).
+(exit STARTUP_FAILED_EXIT_CODE). After start-up, peers.py watches the other processes (a lost one ends the run with
+one line) and leaves the run in order at exit; a signal to one process stops them all (train/actions.StopSignals).
 """
 
 from __future__ import annotations
@@ -32,11 +31,12 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, NoReturn
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import jax
 
+from transformer_jax import peers
 from transformer_jax.errors import UserError
 from transformer_jax.experiment import DistributedConfig
 
@@ -142,7 +142,6 @@ def _describe(cfg: DistributedConfig) -> str:
 # ends with this module's message (the watchdog) rather than the runtime's abort.
 _JAX_DEADLINE_GRACE_S = 15
 STARTUP_FAILED_EXIT_CODE = 3
-PEER_LOST_EXIT_CODE = 4
 # Where each process posts the num_processes it was launched with, for _check_agreement.
 _AGREEMENT_KEY = "transformer_jax/launched_num_processes"
 _HINTS = (
@@ -162,7 +161,6 @@ class _Watchdog:
     """
 
     def __init__(self, seconds: float, message: str):
-        import threading
 
         self.message = message
         self._timer = threading.Timer(seconds, self._fire)
@@ -170,7 +168,6 @@ class _Watchdog:
         self._timer.start()
 
     def _fire(self):
-        import sys
 
         text = f"DistributedStartupError: {self.message}"
         print(text, file=sys.stderr, flush=True)
@@ -183,7 +180,6 @@ class _Watchdog:
 def _preflight(cfg: DistributedConfig) -> None:
     """Cheap socket checks with clear errors, before the JAX runtime starts (nothing to clean up yet)."""
     import socket
-    import time
 
     if not cfg.coordinator_address or cfg.process_id is None:
         return  # left to cluster auto-detection
@@ -266,8 +262,8 @@ def initialize(section: DistributedConfig | None = None) -> ProcessInfo:
             raise DistributedStartupError(problem)
     finally:
         watchdog.cancel()
-    PeerWatch.start(cfg.heartbeat_timeout)
-    atexit.register(shutdown)  # before jax's own clean-up (registered at import), which stops the runtime
+    peers.PeerWatch.start(cfg.heartbeat_timeout)
+    atexit.register(peers.shutdown)  # before jax's own clean-up (registered at import), which stops the runtime
     info = _info(True)
     logger.info("process %d of %d: %d local devices of %d", *info[:4])
     if jax.default_backend() == "cpu":
@@ -285,7 +281,7 @@ def _check_agreement(cfg: DistributedConfig) -> str | None:
     Not a device collective: one left unfinished by a peer that gave up keeps a gloo thread waiting, and the CPU
     client's teardown at exit waits for it forever. Returns the problem, or None."""
     # The coordination service's client, as jax's own array_serialization and orbax reach it.
-    client = _client()
+    client = peers.coordination_client()
     me = jax.process_index()
     client.key_value_set(f"{_AGREEMENT_KEY}/{me}", str(cfg.num_processes))
     wait_ms = int(cfg.initialization_timeout * 1000)
@@ -304,136 +300,6 @@ def _check_agreement(cfg: DistributedConfig) -> str | None:
     )
 
 
-def _client():
-    """The coordination service's client, as jax's own array_serialization and orbax reach it."""
-    from jax._src.distributed import global_state
-
-    assert global_state.client is not None, "called after jax.distributed.initialize, which makes the client"
-    return global_state.client
-
-
 def _shutdown_quietly(cfg: DistributedConfig) -> None:
     with contextlib.suppress(Exception):  # best effort, the real error is being reported
-        _leave(cfg.heartbeat_timeout)
-
-
-# Words of the runtime's errors when a collective's peer is gone (gloo on CPUs, NCCL on GPUs, the coordination
-# service); another runtime error (out of memory, a bad program) is not a lost peer.
-_LOST_PEER_WORDS = ("gloo", "nccl", "connection", "peer", "socket", "unavailable", "deadline_exceeded", "heartbeat")
-
-
-def lost_a_peer(error: Exception) -> bool:
-    """Whether a runtime error of a multi-process run says another process died or cannot be reached."""
-    text = str(error).lower()
-    return jax.process_count() > 1 and any(word in text for word in _LOST_PEER_WORDS)
-
-
-# () -> (the update the run is at, the updates saved as checkpoints, their directory); set by the training loop.
-Progress = Callable[[], tuple[int, list[int], str]]
-_progress: Progress | None = None
-_ending = threading.Lock()  # one line, from whichever thread notices first
-_LEAVE_BARRIER = "transformer_jax/leave"
-
-
-def report_progress(progress: Progress | None) -> None:
-    """Where the run is, for the line of a lost peer (None: outside the training loop)."""
-    global _progress
-    _progress = progress
-
-
-def end_after_lost_peer(who: str, how: str) -> NoReturn:
-    """Another process (`who`) died or stopped responding (`how` says how it showed). Prints one line (this process, the
-    update, the newest checkpoint, how to resume) and ends this process at once with PEER_LOST_EXIT_CODE: nothing
-    can finish cleanly, since the checkpointer's barriers and the runtime's teardown would wait for the lost one."""
-    _ending.acquire()  # a second caller waits here for the first one's exit
-    me, count = jax.process_index(), jax.process_count()
-    if _progress is None:
-        when, saved = "outside the training loop", "see the workdir's checkpoints"
-    else:
-        update, checkpoints, where = _progress()
-        when = f"at update {update}"
-        saved = f"the newest checkpoint is update {max(checkpoints)} in {where}" if checkpoints else "no checkpoint yet"
-    print(
-        f"PeerLostError: process {me} of {count} lost {who} {when} ({how}); {saved}. Nothing is wrong with the run's "
-        "settings: relaunch the same command on every host and training resumes from the newest intact checkpoint.",
-        file=sys.stderr,
-        flush=True,
-    )
-    os._exit(PEER_LOST_EXIT_CODE)
-
-
-def end_after_failed_collective(error: Exception) -> NoReturn:
-    """end_after_lost_peer for a collective that failed with `error` (lost_a_peer(error) is true)."""
-    reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
-    other = f"process {1 - jax.process_index()}" if jax.process_count() == 2 else "another process"
-    end_after_lost_peer(other, f"a collective failed: {reason}")
-
-
-class PeerWatch:
-    """Ends this process by end_after_lost_peer when another process of the run dies or stops responding.
-
-    A daemon thread asks the coordination service which processes are alive, over and over: the service answers
-    once every live process has asked, or once one has missed its heartbeats for heartbeat_timeout seconds. A
-    process gone before this one began to leave (`shutdown`) was lost.
-    """
-
-    active: PeerWatch | None = None
-
-    def __init__(self, heartbeat_timeout: int):
-        self.heartbeat_timeout = heartbeat_timeout
-        self.leaving = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="PeerWatch", daemon=True)
-
-    @classmethod
-    def start(cls, heartbeat_timeout: int) -> None:
-        cls.active = cls(heartbeat_timeout)
-        cls.active._thread.start()
-
-    def _watch(self) -> None:
-        client, everyone = _client(), list(range(jax.process_count()))
-        while not self.leaving.is_set():
-            try:
-                live = set(client.get_live_nodes(everyone))  # a dict (jax 0.12) or a list (jax 0.7) of ids
-            except Exception as error:  # the service itself is gone
-                if self.leaving.is_set():
-                    return
-                reason = str(error).strip().splitlines()[0][:200]
-                end_after_lost_peer("process 0", f"the coordination service it hosts stopped answering: {reason}")
-            if live != set(everyone) and not self.leaving.is_set():
-                lost = ", ".join(str(i) for i in sorted(set(everyone) - live))
-                end_after_lost_peer(
-                    f"process {lost}",
-                    f"no heartbeat for heartbeat_timeout={self.heartbeat_timeout} s: it died, hangs or cannot be "
-                    "reached",
-                )
-            time.sleep(1.0)
-
-
-def _leave(heartbeat_timeout: int) -> None:
-    """Leaves the run in order: every process meets at a barrier (a process that does not come within the timeout
-    was lost; leaving goes on), and process 0, which hosts the coordination service, stops last, once the others
-    have disconnected: a process still connected when the service stops is aborted by the runtime."""
-    from jax._src.distributed import global_state
-
-    client, timeout = global_state.client, max(60, heartbeat_timeout)
-    if client is None:  # never connected: nothing to leave in order
-        jax.distributed.shutdown()
-        return
-    with contextlib.suppress(Exception):
-        client.wait_at_barrier(_LEAVE_BARRIER, 1000 * timeout)
-    if jax.process_index() == 0:
-        everyone, deadline = list(range(jax.process_count())), time.monotonic() + heartbeat_timeout + 10
-        with contextlib.suppress(Exception):
-            while set(client.get_live_nodes(everyone)) != {0} and time.monotonic() < deadline:
-                time.sleep(0.2)
-    jax.distributed.shutdown()
-
-
-def shutdown() -> None:
-    """Leaves the distributed run once every process has come to its end (`_leave`); a no-op for one process. Runs at
-    exit."""
-    watch, PeerWatch.active = PeerWatch.active, None
-    if watch is None or not jax.distributed.is_initialized():
-        return
-    watch.leaving.set()
-    _leave(watch.heartbeat_timeout)
+        peers.leave(cfg.heartbeat_timeout)

@@ -71,7 +71,7 @@ def main():
     if args.cache_dir:
         jax.config.update("jax_compilation_cache_dir", args.cache_dir)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    from transformer_jax import distributed
+    from transformer_jax import distributed, peers
 
     settings = {
         "coordinator_address": args.coordinator,
@@ -93,7 +93,7 @@ def main():
         sys.exit(3)
     if args.launch_only:
         print(json.dumps({"info": info._asdict(), "startup_s": time.perf_counter() - started}), flush=True)
-        distributed.shutdown()
+        peers.shutdown()
         return
 
     import flax.linen as nn
@@ -185,7 +185,7 @@ def main():
     if args.out:
         with open(args.out, "w") as handle:
             json.dump(report, handle)
-    distributed.shutdown()
+    peers.shutdown()
 
 
 # tests/conftest.py's seconds-long run of experiments/tiny.py, fsdp over every device, dropout off.
@@ -209,7 +209,7 @@ def run_loop(args, settings: dict, started: float) -> None:
     sys.path.insert(0, str(Path(__file__).parents[1]))
     from conftest import tiny_run_overrides
 
-    from transformer_jax import distributed
+    from transformer_jax import distributed, peers
     from transformer_jax.experiment import load_experiment
     from transformer_jax.train import loop
 
@@ -229,7 +229,7 @@ def run_loop(args, settings: dict, started: float) -> None:
     if args.out:
         with open(args.out, "w") as handle:
             json.dump(report, handle, default=str)
-    distributed.shutdown()
+    peers.shutdown()
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""A trained workdir's commands: `translate` (text in, text out), `score` (given translations' log-probabilities),
-`evaluate` (a split or a file, scored), `average` (checkpoints' parameters averaged, for `--checkpoint averaged`)."""
+"""Decoding with a trained workdir: `translate` (text in, text out), `score` (given translations' log-probabilities),
+and the decoding arguments they share with evaluation.py's `evaluate`."""
 
 from __future__ import annotations
 
@@ -10,15 +10,13 @@ import json
 import os
 import sys
 import time
-import typing
 from pathlib import Path
 
 from transformer_jax.cli.command import CHECKPOINT_HELP, Command, Stopped
 from transformer_jax.errors import DataError, UsageError
-from transformer_jax.selection import BestMetric
 
 
-def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", required=True, help="the --workdir of a `transformer-jax train` run")
     parser.add_argument("--checkpoint", default=None, help=CHECKPOINT_HELP)
     parser.add_argument(
@@ -31,10 +29,10 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
+def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     from transformer_jax.decoding import DecodeConfig
 
-    _add_model_arguments(parser)
+    add_model_arguments(parser)
     method = parser.add_mutually_exclusive_group()
     method.add_argument("--greedy", action="store_true", help="greedy decoding instead of beam search")
     method.add_argument(
@@ -48,7 +46,7 @@ def _add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="sentences decoded together")
 
 
-def _translator(args: argparse.Namespace, **options):
+def translator_from_args(args: argparse.Namespace, **options):
     """The Translator the decoding arguments describe (--workdir, --checkpoint, --greedy, --beam-size, ...)."""
     from transformer_jax.decoding import DecodeConfig
     from transformer_jax.translate import Translator
@@ -60,13 +58,13 @@ def _translator(args: argparse.Namespace, **options):
         args.checkpoint,
         ensemble=args.ensemble,
         decode_config=decode_config,
-        method=_method(args),
+        method=decoding_method(args),
         batch_size=args.batch_size,
         **options,
     )
 
 
-def _method(args: argparse.Namespace) -> str:
+def decoding_method(args: argparse.Namespace) -> str:
     return "greedy" if args.greedy else "sample" if args.sample else "beam"
 
 
@@ -74,7 +72,7 @@ def _method(args: argparse.Namespace) -> str:
 
 
 def _declare_translate(parser: argparse.ArgumentParser) -> None:
-    _add_decoding_arguments(parser)
+    add_decoding_arguments(parser)
     parser.add_argument("--input", help="read source lines from this file (default: stdin)")
     parser.add_argument("--output", help="write translations to this file (default: stdout)")
     parser.add_argument(
@@ -168,7 +166,7 @@ def _run_translate(args: argparse.Namespace) -> None:
             read[0] += 1
 
     try:
-        translator = _translator(args, on_too_long=args.on_too_long, max_tokens=args.max_tokens)
+        translator = translator_from_args(args, on_too_long=args.on_too_long, max_tokens=args.max_tokens)
         with contextlib.ExitStack() as files:
             source = (
                 files.enter_context(open(args.input, "rb")) if args.input else getattr(sys.stdin, "buffer", sys.stdin)
@@ -209,7 +207,7 @@ def _run_translate(args: argparse.Namespace) -> None:
 
 
 def _declare_score(parser: argparse.ArgumentParser) -> None:
-    _add_model_arguments(parser)
+    add_model_arguments(parser)
     parser.add_argument("--source", required=True, help="source lines")
     parser.add_argument("--target", required=True, help="their translations, one per source line")
     parser.add_argument("--output", help="write the scores to this file (default: stdout)")
@@ -248,114 +246,6 @@ def _run_score(args: argparse.Namespace) -> None:
                 sink.write(f"{number}\t{score.log_prob:.4f}\t{count}\t{per_token}\n")
 
 
-# ------------------------------------------------------------------------------------------------- evaluate
-
-
-def _declare_evaluate(parser: argparse.ArgumentParser) -> None:
-    _add_decoding_arguments(parser)
-    parser.add_argument("--split", default="test", help="split of the run's data source (train/validation/test)")
-    parser.add_argument("--source-file", help="score these source lines instead of a split (needs --reference-file)")
-    parser.add_argument("--reference-file", help="raw reference translations, one per line")
-    parser.add_argument("--samples", type=int, default=5, help="sample translations to print")
-
-
-def _evaluation_pairs(args: argparse.Namespace) -> tuple[str, list[tuple[str, str]]]:
-    """(name, raw pairs): from --source-file/--reference-file, else the split of the run's own data source."""
-    from transformer_jax.data.local_files import read_lines
-
-    if bool(args.source_file) != bool(args.reference_file):
-        raise UsageError("--source-file and --reference-file go together.")
-    if args.source_file:
-        sources = list(read_lines(Path(args.source_file)))
-        references = list(read_lines(Path(args.reference_file)))
-        if len(sources) != len(references):
-            raise UsageError(
-                f"{args.source_file} has {len(sources)} lines but {args.reference_file} has "
-                f"{len(references)}; they must pair up line by line."
-            )
-        return Path(args.source_file).stem, list(zip(sources, references))
-    from transformer_jax import workdir
-    from transformer_jax.data.sources import source_from_config
-    from transformer_jax.experiment import Experiment
-
-    data = Experiment.from_dict(workdir.load_config(args.workdir)).data
-    return args.split, list(source_from_config(data, splits=(args.split,)).pairs(args.split))
-
-
-def _run_evaluate(args: argparse.Namespace) -> None:
-    from transformer_jax import workdir
-    from transformer_jax.evaluation import evaluate_pairs, save_evaluation
-
-    workdir.check_workdir(args.workdir)  # eval/ is written after decoding: fail now, not then
-    name, pairs = _evaluation_pairs(args)
-    if not pairs:
-        raise UsageError(f"nothing to score: {name} has no sentence pairs (empty files?).")
-    translator = _translator(args)
-    method = {
-        "greedy": "greedy",
-        "beam": f"beam{args.beam_size}-alpha{args.alpha}",
-        "sample": f"sample-t{args.temperature}-k{args.top_k}-p{args.top_p}-seed{args.seed}",
-    }[_method(args)] + (f"-ensemble{1 + len(args.ensemble)}" if args.ensemble else "")
-    started = time.perf_counter()
-    target_lang = workdir.load_config(args.workdir)["data"].get("target_lang")
-    evaluation = evaluate_pairs(translator, pairs, progress=True, moses_lang=target_lang)
-    seconds = time.perf_counter() - started
-    label = f"{name}.{args.checkpoint or 'latest'}.{method}"
-    saved = save_evaluation(
-        args.workdir,
-        label,
-        evaluation,
-        split=name,
-        checkpoint=args.checkpoint or "latest",
-        method=method,
-        seconds=seconds,
-        sentences_per_sec=len(pairs) / seconds,
-    )
-    print(evaluation.samples(args.samples))
-    print(f"{name} ({args.checkpoint or 'latest'} checkpoint, {method}): {evaluation.scores.summary()}")
-    print(
-        f"decoded {len(pairs)} sentences in {seconds:.1f} s ({len(pairs) / seconds:.1f} sentences/s); "
-        f"hypotheses and scores in {saved.with_suffix('')}.*"
-    )
-
-
-# -------------------------------------------------------------------------------------------------- average
-
-
-def _declare_average(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workdir", required=True)
-    which = parser.add_mutually_exclusive_group()
-    which.add_argument("--last", type=int, default=5, help="how many of the latest checkpoints (default 5)")
-    which.add_argument("--best", type=int, default=None, help="how many of the kept checkpoints best on validation")
-    parser.add_argument(
-        "--metric",
-        choices=typing.get_args(BestMetric),
-        default=None,
-        help="with --best: validation perplexity or greedy BLEU (default: the run's train.best_metric)",
-    )
-    parser.add_argument(
-        "--from-fraction",
-        type=float,
-        default=0.0,
-        help="with --last: only checkpoints at or after this fraction of the latest step (0.5: the second half)",
-    )
-
-
-def _run_average(args: argparse.Namespace) -> None:
-    """The counts and the fraction are workdir.average_last's / average_best's to check (ArgumentError, exit 2)."""
-    from transformer_jax import workdir
-
-    workdir.check_workdir(args.workdir)
-    if args.best is not None:
-        metric = args.metric or workdir.run_best_metric(args.workdir)
-        steps, directory = workdir.average_best(args.workdir, args.best, metric)
-        chosen = f"the {len(steps)} best by validation {metric}"
-    else:
-        steps, directory = workdir.average_last(args.workdir, args.last, from_fraction=args.from_fraction)
-        chosen = "the latest"
-    print(f"averaged checkpoints {steps} ({chosen}) into {directory}; use it with --checkpoint averaged")
-
-
 COMMANDS = (
     Command(
         "translate",
@@ -376,26 +266,5 @@ COMMANDS = (
         declare=_declare_score,
         run=_run_score,
         examples=("transformer-jax score --workdir runs/tiny --source in.en --target out.de > scores.tsv",),
-    ),
-    Command(
-        "evaluate",
-        help="Translate a split (or a file) and score it with sacreBLEU (13a, cased) and chrF.",
-        declare=_declare_evaluate,
-        run=_run_evaluate,
-        examples=(
-            "transformer-jax evaluate --workdir runs/tiny --checkpoint averaged --split test",
-            "transformer-jax evaluate --workdir runs/tiny --greedy --source-file in.en --reference-file ref.de",
-        ),
-    ),
-    Command(
-        "average",
-        help="Average the parameters of the last N checkpoints (paper §6.1: 5 for base, 20 for big), or of the N "
-        "best by a validation metric.",
-        declare=_declare_average,
-        run=_run_average,
-        examples=(
-            "transformer-jax average --workdir runs/tiny --last 5   # then --checkpoint averaged",
-            "transformer-jax average --workdir runs/m30k --best 8 --metric perplexity",
-        ),
     ),
 )

@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from transformer_jax import distributed, machine, sharding
+from transformer_jax import distributed, machine, peers, sharding
 from transformer_jax.accounting import count_parameters
 from transformer_jax.checkpoint import Checkpointer
 from transformer_jax.config import ModelConfig
@@ -83,7 +83,7 @@ def train(experiment: Experiment, workdir: str | Path, on_update: Callable[[int,
         stops: list[StopCondition] = [signals, TimeBudget(run)]
         stopped_by = None
         directory = str(trainer.checkpointer.directory)
-        distributed.report_progress(lambda: (update, trainer.checkpointer.all_steps(), directory))
+        peers.report_progress(lambda: (update, trainer.checkpointer.all_steps(), directory))
         try:
             while update < steps:
                 # A stop is served at an update boundary (the data position is saved per update).
@@ -99,11 +99,11 @@ def train(experiment: Experiment, workdir: str | Path, on_update: Callable[[int,
             for action in reversed(actions):  # the checkpoint first, then the final validation reads it
                 action.at_end(update, stopped_by)
         except jax.errors.JaxRuntimeError as error:
-            if distributed.lost_a_peer(error):  # a collective failed: another process died or cannot be reached
-                distributed.end_after_failed_collective(error)
+            if peers.lost_a_peer(error):  # a collective failed: another process died or cannot be reached
+                peers.end_after_failed_collective(error)
             raise
         finally:
-            distributed.report_progress(None)
+            peers.report_progress(None)
         trainer.summary["step"] = update
     if jax.process_index() == 0:
         plot = plot_training_curves(trainer.workdir)
