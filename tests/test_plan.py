@@ -260,3 +260,64 @@ def test_the_plan_command_prints_the_table_and_writes_json(v5e_2x2, tmp_path, ca
     saved = json.loads((tmp_path / "plan.json").read_text())
     assert saved["fits"] and saved["mesh"] == {"data": 4, "fsdp": 1, "tensor": 1} and len(saved["buckets"]) == 1
     assert "v5e:2x2" in out and f"wrote {tmp_path / 'plan.json'}" in out
+
+
+# ------------------------------------------------------------------------------------------------ translation
+
+
+def _self_attention_cache_bytes(experiment, max_decode_len: int) -> int:
+    """By hand: beam_size hypotheses x decoder layers x keys and values x positions x d_model, in the model's dtype."""
+    model, beam = experiment.model, experiment.decode.beam_size
+    itemsize = 2 if model.dtype == "bfloat16" else 4
+    return beam * model.num_decoder_layers * 2 * max_decode_len * model.d_model * itemsize
+
+
+def test_a_decode_plan_holds_a_cache_per_hypothesis(v5e_2x2):
+    """Per sentence, what a segment continues from is at least the hand-counted self-attention cache of its beam
+    (one per hypothesis, in bfloat16) and at most that plus, in float32, its cross-attention keys and values, its
+    encoder output and a few int32 rows per hypothesis: a cache kept once per sentence, or in float32, fails."""
+    experiment = load_experiment(TINY, _tiny(**{"model.max_len": 128, "data.max_len": 64}))
+    small, large = (
+        planning.plan_decode(experiment, "v5e:2x2", batch=b, source_length=20, devices=v5e_2x2) for b in (8, 16)
+    )
+    print(planning.format_decode([small, large]))
+    assert small.fits and large.fits and small.max_decode_len == 20 + experiment.decode.extra_length
+    per_sentence = (large.carry_bytes - small.carry_bytes) / 8
+    model, beam, length = experiment.model, experiment.decode.beam_size, small.max_decode_len
+    lower = _self_attention_cache_bytes(experiment, length)
+    upper = lower + (2 * model.num_decoder_layers + 1) * 20 * model.d_model * 4 + 8 * beam * length * 4
+    assert lower <= per_sentence <= upper, (lower, per_sentence, upper)
+    assert small.params_bytes == count_parameters(experiment.model).total * 4
+    assert small.needed_bytes >= small.params_bytes + small.carry_bytes and small.headroom_bytes > 0
+    json.dumps([small.to_dict(), large.to_dict()])
+
+
+def test_the_largest_decode_batch_is_bracketed_by_the_compiler(v5e_2x2):
+    """Long sources (448 tokens, outputs up to 498) and a 256-wide, 2-layer decoder: about 4 MiB of self-attention
+    cache per sentence by hand, so the cache alone of about 4,200 sentences fills a v5e's 16 GiB. The search ends with
+    a batch that fits next to one, at most 1/16 larger, that the compiler refuses; the answer is below that hand
+    bound and above a quarter of it (the programs hold the cache about twice, beside the encoder's activations)."""
+    changes = {"model.d_model": 256, "model.num_heads": 4, "model.num_decoder_layers": 2, "model.max_len": 512}
+    experiment = load_experiment(TINY, _tiny(**changes, **{"data.max_len": 512}))
+    plans = planning.largest_decode_batch(experiment, "v5e:2x2", source_length=448, smallest=1280, devices=v5e_2x2)
+    print(planning.format_decode(plans))
+    largest = max(plan.batch for plan in plans if plan.fits)
+    refused = min(plan.batch for plan in plans if not plan.fits and plan.batch > largest)
+    assert any(largest < plan.batch <= largest + largest // 16 for plan in plans if not plan.fits)
+    over = next(plan for plan in plans if plan.batch == refused)
+    assert over.needed_bytes > over.chip.hbm_bytes or over.headroom_bytes < 0
+    bound = (over.chip.hbm_bytes - over.params_bytes) / _self_attention_cache_bytes(experiment, over.max_decode_len)
+    assert bound / 4 < largest < bound, (largest, bound)
+
+
+def test_the_plan_command_plans_a_translation_batch(v5e_2x2, tmp_path, capsys):
+    from transformer_jax import cli
+
+    overrides = [f"--config.{key}={value}" for key, value in _tiny()]
+    argv = ["plan", "--config", str(TINY), "--target", "v5e:2x2", "--decode", "--batch", "8", "--source-length", "16"]
+    assert cli.main([*argv, "--json", str(tmp_path / "decode.json"), *overrides]) == 0
+    out = capsys.readouterr().out
+    (saved,) = json.loads((tmp_path / "decode.json").read_text())
+    assert saved["fits"] and saved["batch"] == 8 and saved["source_length"] == 16
+    assert "largest batch that fits: 8 sentences" in out
+    assert cli.main([*argv[:-4], "--batch", "0", *overrides]) == 2

@@ -1,4 +1,5 @@
-"""`plan`: the run's train step compiled for a TPU slice on this machine; what fits per chip, how fast it could go."""
+"""`plan`: the run's train step (or, --decode, its beam search) compiled for a TPU slice on this machine; what fits
+per chip, how fast it could go."""
 
 from __future__ import annotations
 
@@ -21,6 +22,20 @@ def _declare_plan(parser: argparse.ArgumentParser) -> None:
         help="comma-separated bucket lengths to compile (default: every bucket; --search: the shortest and longest)",
     )
     parser.add_argument("--search", action="store_true", help="every mesh of the slice that divides the model, ranked")
+    parser.add_argument(
+        "--decode",
+        action="store_true",
+        help="plan translation instead: beam search (the config's decode section) on one chip of the target",
+    )
+    parser.add_argument(
+        "--batch", type=int, default=None, help="with --decode: sentences (default: the largest that fits)"
+    )
+    parser.add_argument(
+        "--source-length",
+        type=int,
+        default=None,
+        help="with --decode: tokens per source (default data.max_len)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the report(s) as JSON to this file")
 
 
@@ -36,6 +51,21 @@ def _lengths(text: str | None) -> tuple[int, ...] | None:
     return lengths
 
 
+def _plan_decode(plan, experiment, target, args: argparse.Namespace) -> object:
+    """`plan --decode`: one batch, or the largest that fits; prints the table, returns the JSON-able plans."""
+    for name in ("batch", "source_length"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ArgumentError(f"--{name.replace('_', '-')} {value}: give a positive number of sentences / tokens.")
+    if args.batch is not None:
+        plans = [plan.plan_decode(experiment, target, batch=args.batch, source_length=args.source_length)]
+    else:
+        progress = lambda p: print(f"batch {p.batch}: {'fits' if p.fits else 'does not fit'}", file=sys.stderr)  # noqa: E731
+        plans = plan.largest_decode_batch(experiment, target, source_length=args.source_length, progress=progress)
+    print(plan.format_decode(plans))
+    return [p.to_dict() for p in plans]
+
+
 def _run_plan(args: argparse.Namespace) -> None:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the compiler needs no accelerator; the host must not claim one
     import jax
@@ -49,7 +79,9 @@ def _run_plan(args: argparse.Namespace) -> None:
     experiment = load_experiment(args.config, args.config_overrides)
     lengths = _lengths(args.lengths)
     target = plan.parse_target(args.target)  # a bad name fails here, before any compile
-    if args.search:
+    if args.decode:
+        values = _plan_decode(plan, experiment, target, args)
+    elif args.search:
         progress = lambda report: print(f"compiled {report.overrides}", file=sys.stderr, flush=True)  # noqa: E731
         reports = plan.search(experiment, target, lengths=lengths, progress=progress)
         print(plan.format_search(reports))
@@ -74,6 +106,7 @@ COMMANDS = (
         examples=(
             "transformer-jax plan --config experiments/base.py --target v5e:2x2 --config.model.dtype=bfloat16",
             "transformer-jax plan --config experiments/big.py --target v5e:4x4 --search --lengths 32,256",
+            "transformer-jax plan --config experiments/base.py --target v5e:2x2 --decode --source-length 128",
         ),
     ),
 )

@@ -121,9 +121,11 @@ def _start(
     return Carry(state, encoded, inputs, Sentences(limits, ids, prefix, prefix_lengths))
 
 
-@functools.partial(jax.jit, static_argnames=("model", "search", "mesh", "rules"))
+@functools.partial(jax.jit, static_argnames=("model", "search", "mesh", "rules"), donate_argnames=("carry",))
 def _run(model, params, carry: Carry, stop, *, search, mesh, rules) -> Carry:
-    """Steps until every sentence is done or `stop` ([] int32, not static) tokens are decoded."""
+    """Steps until every sentence is done or `stop` ([] int32, not static) tokens are decoded. The carry is donated:
+    the new one takes its buffers, so a segment holds the cache about twice (the loop's two states), not three
+    times (plan --decode measured it)."""
     step_fn = transformer_step_fn(model, params, carry.encoded, _rows(carry.inputs, search))
 
     def cond(state):
@@ -155,6 +157,32 @@ def _select(carry: Carry, keep) -> Carry:
 @functools.partial(jax.jit, static_argnames=("cache_len",))
 def _resize(carry: Carry, *, cache_len: int) -> Carry:
     return carry._replace(state=carry.state._replace(cache=resize_cache(carry.state.cache, cache_len)))
+
+
+def compile_largest_segments(
+    model: nn.Module, params, inputs, search, *, max_decode_len: int, extra_length: int, mesh: Mesh, rules
+) -> tuple[jax.stages.Compiled, jax.stages.Compiled]:
+    """The two programs of decode_in_segments at their largest, compiled: the start (encoder, the cache allocated at
+    its full length `max_decode_len`) and a segment over every sentence of `inputs` [batch, src_len] with that
+    cache; a later segment holds fewer rows or a shorter cache. params and inputs may be jax.ShapeDtypeStructs with
+    shardings on `mesh`'s devices, for planning on a machine that has none of them (transformer_jax.plan)."""
+    batch, rules = inputs.shape[0], tuple(rules)
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+    def ints(*shape: int) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(shape, jnp.int32, sharding=replicated)
+
+    static = dict(search=search, mesh=mesh, rules=rules)
+    start = _start.lower(
+        model, params, inputs, ints(batch), ints(batch, 0), ints(batch), max_decode_len=max_decode_len,
+        cache_len=max_decode_len, extra_length=extra_length, **static,
+    ).compile()  # fmt: skip
+    carry = jax.tree.map(
+        lambda out, placed: jax.ShapeDtypeStruct(out.shape, out.dtype, sharding=placed),
+        start.out_info,
+        start.output_shardings,
+    )
+    return start, _run.lower(model, params, carry, ints(), **static).compile()
 
 
 def shrunk_rows(rows: int, active: int, shards: int) -> int:

@@ -1,11 +1,13 @@
 """Pods on paper: compile a run's real train step for a TPU slice on a machine without one, and say what fits and
 how fast it could go (`transformer-jax plan`). targets.py: the chips and slices; compiling.py: `plan`, `search`;
-figures.py: memory, FLOPs and the roofline estimate of a compiled step; report.py: the tables.
+decoding.py: beam search on one chip, `plan_decode`, `largest_decode_batch`; figures.py: memory, FLOPs and the
+roofline estimate of a compiled step; report.py: the tables.
 
     report = plan(load_experiment("experiments/base.py", overrides), "v5e:2x2")
     print(format_report(report))            # a table; report.to_dict() is the same as JSON-able data
     ranked = search(experiment, "v5e:4x4")  # every data x fsdp x tensor mesh of the slice, ranked
     print(format_search(ranked))            # ... with the --config.mesh.* overrides of each
+    print(format_decode(largest_decode_batch(experiment, "v5e:2x2", source_length=128)))  # translation batch
 
 `jax.experimental.topologies.get_topology_desc` gives the devices of a slice (`v5e:2x2`, `v5p:2x2x2`, ...) without
 any TPU present; over a Mesh of them the step that `train` runs (train/compiled.py: same model, loss, optimizer,
@@ -29,10 +31,13 @@ description) but needs a device description file of the GPU that this package do
 """
 
 from transformer_jax.plan.compiling import mesh_shapes, plan, ranked, search
+from transformer_jax.plan.decoding import DecodePlan, largest_decode_batch, plan_decode
 from transformer_jax.plan.figures import (
     BucketPlan,
+    CompiledMemory,
     PlanReport,
     Roofline,
+    compiled_memory,
     is_compile_oom,
     parse_oom,
     roofline,
@@ -40,24 +45,30 @@ from transformer_jax.plan.figures import (
     tiled_bytes,
     train_flops,
 )
-from transformer_jax.plan.report import format_report, format_search
+from transformer_jax.plan.report import format_decode, format_report, format_search
 from transformer_jax.plan.targets import CHIPS, TARGET_FORMS, Chip, Target, parse_target, target_devices
 
 __all__ = [
     "CHIPS",
     "TARGET_FORMS",
     "BucketPlan",
+    "CompiledMemory",
+    "DecodePlan",
     "Chip",
     "PlanReport",
     "Roofline",
     "Target",
+    "compiled_memory",
+    "format_decode",
     "format_report",
     "format_search",
     "is_compile_oom",
+    "largest_decode_batch",
     "mesh_shapes",
     "parse_oom",
     "parse_target",
     "plan",
+    "plan_decode",
     "ranked",
     "roofline",
     "search",

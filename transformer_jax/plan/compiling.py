@@ -19,6 +19,7 @@ from transformer_jax.experiment import Experiment, MeshConfig
 from transformer_jax.plan.figures import (
     BucketPlan,
     PlanReport,
+    compiled_memory,
     is_compile_oom,
     parse_oom,
     roofline,
@@ -115,12 +116,7 @@ def _compile_bucket(step, abstract, batch, chip: Chip, length: int, rows: int, a
             required_bytes=required, available_bytes=available, compiler_message=message, analytic_flops=analytic,
         )  # fmt: skip
     compile_s = time.perf_counter() - started
-    memory = compiled.memory_analysis()
-    argument, output, alias, temp = (
-        int(getattr(memory, f"{name}_size_in_bytes")) for name in ("argument", "output", "alias", "temp")
-    )
-    peak = int(getattr(memory, "peak_memory_in_bytes", 0)) or None
-    total = argument + output - alias + temp
+    memory = compiled_memory(compiled)
     try:  # the arguments' layouts on the chip (a TPU pads small dimensions to its tiles)
         formats = jax.tree.leaves(compiled.input_formats[0])
         leaves = jax.tree.leaves((abstract, batch))
@@ -139,16 +135,11 @@ def _compile_bucket(step, abstract, batch, chip: Chip, length: int, rows: int, a
     return BucketPlan(
         length,
         rows,
-        fits=max(peak or 0, total) <= chip.hbm_bytes,
+        fits=memory.needed_bytes <= chip.hbm_bytes,
         compile_s=compile_s,
         hbm_bytes=chip.hbm_bytes,
-        argument_bytes=argument,
         expected_argument_bytes=expected,
-        output_bytes=output,
-        alias_bytes=alias,
-        temp_bytes=temp,
-        peak_bytes=peak,
-        total_bytes=total,
+        **memory._asdict(),
         flops=flops,
         analytic_flops=analytic,
         bytes_accessed=bytes_accessed,

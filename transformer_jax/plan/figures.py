@@ -103,6 +103,31 @@ class PlanReport:
         return values
 
 
+class CompiledMemory(NamedTuple):
+    """A compiled program's memory on one chip (`memory_analysis`), in bytes."""
+
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int  # outputs written into donated arguments
+    temp_bytes: int
+    peak_bytes: int | None  # the compiler's peak of live buffers, where it reports one
+    total_bytes: int  # arguments + outputs - aliased + temp: what the program allocates
+
+    @property
+    def needed_bytes(self) -> int:
+        """HBM the program needs: the larger of the compiler's peak and its allocations."""
+        return max(self.peak_bytes or 0, self.total_bytes)
+
+
+def compiled_memory(compiled: Any) -> CompiledMemory:
+    memory = compiled.memory_analysis()
+    argument, output, alias, temp = (
+        int(getattr(memory, f"{name}_size_in_bytes")) for name in ("argument", "output", "alias", "temp")
+    )
+    peak = int(getattr(memory, "peak_memory_in_bytes", 0)) or None
+    return CompiledMemory(argument, output, alias, temp, peak, argument + output - alias + temp)
+
+
 def shard_bytes(tree: Any) -> int:
     """Bytes of one device's shard of every leaf (ShapeDtypeStructs or arrays with NamedShardings): the largest
     shard, as every shard of an evenly divided array."""

@@ -1,10 +1,11 @@
-"""A plan as tables: per bucket for one layout, and the layouts of a search ranked."""
+"""A plan as tables: per bucket for one layout, the layouts of a search ranked, and beam search by batch."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from transformer_jax import sharding
+from transformer_jax.plan.decoding import DecodePlan
 from transformer_jax.plan.figures import PlanReport
 from transformer_jax.plan.targets import GiB
 
@@ -109,3 +110,48 @@ def format_search(reports: Sequence[PlanReport]) -> str:
             )
         )
     return "\n".join(lines + _table(header, rows))
+
+
+def format_decode(plans: Sequence[DecodePlan]) -> str:
+    """Beam-search plans on one chip, by batch, and the largest batch among them that fits."""
+    first = plans[0]
+    lines = [
+        f"{first.target}: beam search on one {first.chip.name} ({_size(first.chip.hbm_bytes)} HBM): beam "
+        f"{first.beam_size}, sources of {first.source_length} tokens, outputs up to {first.max_decode_len}, "
+        f"activations {first.dtype}, parameters {_size(first.params_bytes)} (float32)",
+        "",
+    ]
+    header = ("batch", "fits", "cache and beams", "program", "arguments", "temp", "needed", "HBM left", "compile s")
+    rows = [
+        (
+            str(plan.batch),
+            "yes" if plan.fits else "NO",
+            _size(plan.carry_bytes),
+            plan.program or "-",
+            _size(None if plan.memory is None else plan.memory.argument_bytes),
+            _size(None if plan.memory is None else plan.memory.temp_bytes),
+            _size(plan.needed_bytes),
+            _size(plan.headroom_bytes),
+            f"{plan.compile_s:.0f}",
+        )
+        for plan in plans
+    ]
+    lines += _table(header, rows)
+    fitting = [plan.batch for plan in plans if plan.fits]
+    refused = [plan.batch for plan in plans if not plan.fits]
+    if fitting:
+        verdict = f"largest batch that fits: {max(fitting)} sentences"
+        if refused:
+            verdict += (
+                f" ({min(refused)} does not: {next(p for p in plans if not p.fits).compiler_message or 'over HBM'})"
+            )
+    else:
+        verdict = f"no batch planned fits; the smallest, {first.batch}, needs {_size(first.needed_bytes)}"
+    lines += [
+        "",
+        verdict,
+        "Per chip, the larger of the two programs translate runs (start; a segment with the whole batch and the cache "
+        "at full length). cache and beams: what a segment continues from. program: the larger one's figures follow. "
+        "needed: the larger of the compiler's peak and its allocations (not fitting: what the compiler required).",
+    ]
+    return "\n".join(lines)
