@@ -321,3 +321,5 @@ def test_the_plan_command_plans_a_translation_batch(v5e_2x2, tmp_path, capsys):
     assert saved["fits"] and saved["batch"] == 8 and saved["source_length"] == 16
     assert "largest batch that fits: 8 sentences" in out
     assert cli.main([*argv[:-4], "--batch", "0", *overrides]) == 2
+    assert cli.main(["plan", "--config", str(TINY), "--target", "v5e:2x2", "--batch", "8"]) == 2  # without --decode
+    assert "give it with --decode" in capsys.readouterr().err

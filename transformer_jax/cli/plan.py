@@ -53,10 +53,6 @@ def _lengths(text: str | None) -> tuple[int, ...] | None:
 
 def _plan_decode(plan, experiment, target, args: argparse.Namespace) -> object:
     """`plan --decode`: one batch, or the largest that fits; prints the table, returns the JSON-able plans."""
-    for name in ("batch", "source_length"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ArgumentError(f"--{name.replace('_', '-')} {value}: give a positive number of sentences / tokens.")
     if args.batch is not None:
         plans = [plan.plan_decode(experiment, target, batch=args.batch, source_length=args.source_length)]
     else:
@@ -66,7 +62,17 @@ def _plan_decode(plan, experiment, target, args: argparse.Namespace) -> object:
     return [p.to_dict() for p in plans]
 
 
+def _check_decode_arguments(args: argparse.Namespace) -> None:
+    for name in ("batch", "source_length"):
+        flag, value = f"--{name.replace('_', '-')}", getattr(args, name)
+        if value is not None and not args.decode:
+            raise ArgumentError(f"{flag} plans translation: give it with --decode.")
+        if value is not None and value < 1:
+            raise ArgumentError(f"{flag} {value}: give a positive number.")
+
+
 def _run_plan(args: argparse.Namespace) -> None:
+    _check_decode_arguments(args)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the compiler needs no accelerator; the host must not claim one
     import jax
 
@@ -79,13 +85,14 @@ def _run_plan(args: argparse.Namespace) -> None:
     experiment = load_experiment(args.config, args.config_overrides)
     lengths = _lengths(args.lengths)
     target = plan.parse_target(args.target)  # a bad name fails here, before any compile
+    values: object
     if args.decode:
         values = _plan_decode(plan, experiment, target, args)
     elif args.search:
         progress = lambda report: print(f"compiled {report.overrides}", file=sys.stderr, flush=True)  # noqa: E731
         reports = plan.search(experiment, target, lengths=lengths, progress=progress)
         print(plan.format_search(reports))
-        values: object = [report.to_dict() for report in reports]
+        values = [report.to_dict() for report in reports]
     else:
         report = plan.plan(experiment, target, lengths=lengths)
         print(plan.format_report(report))
