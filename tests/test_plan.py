@@ -323,3 +323,5 @@ def test_the_plan_command_plans_a_translation_batch(v5e_2x2, tmp_path, capsys):
     assert cli.main([*argv[:-4], "--batch", "0", *overrides]) == 2
     assert cli.main(["plan", "--config", str(TINY), "--target", "v5e:2x2", "--batch", "8"]) == 2  # without --decode
     assert "give it with --decode" in capsys.readouterr().err
+    assert cli.main([*argv[:-2], "--source-length", "33", *overrides]) == 2  # past the model's max_len, 32
+    assert "model.max_len=32" in capsys.readouterr().err

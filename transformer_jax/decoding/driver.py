@@ -159,9 +159,17 @@ def _resize(carry: Carry, *, cache_len: int) -> Carry:
     return carry._replace(state=carry.state._replace(cache=resize_cache(carry.state.cache, cache_len)))
 
 
+class LargestSegments(NamedTuple):
+    """decode_in_segments' two programs at their largest, compiled, and what the segment continues from."""
+
+    start: jax.stages.Compiled  # the encoder, the cache allocated at its full length
+    segment: jax.stages.Compiled  # search steps over every sentence with that cache
+    carry: Carry  # of jax.ShapeDtypeStructs with the start's output shardings
+
+
 def compile_largest_segments(
     model: nn.Module, params, inputs, search, *, max_decode_len: int, extra_length: int, mesh: Mesh, rules
-) -> tuple[jax.stages.Compiled, jax.stages.Compiled]:
+) -> LargestSegments:
     """The two programs of decode_in_segments at their largest, compiled: the start (encoder, the cache allocated at
     its full length `max_decode_len`) and a segment over every sentence of `inputs` [batch, src_len] with that
     cache; a later segment holds fewer rows or a shorter cache. params and inputs may be jax.ShapeDtypeStructs with
@@ -182,7 +190,7 @@ def compile_largest_segments(
         start.out_info,
         start.output_shardings,
     )
-    return start, _run.lower(model, params, carry, ints(), **static).compile()
+    return LargestSegments(start, _run.lower(model, params, carry, ints(), **static).compile(), carry)
 
 
 def shrunk_rows(rows: int, active: int, shards: int) -> int:

@@ -19,6 +19,7 @@ from transformer_jax import sharding
 from transformer_jax.decoding.beam import BeamSearch
 from transformer_jax.decoding.config import resolve_max_decode_len
 from transformer_jax.decoding.driver import compile_largest_segments
+from transformer_jax.errors import ConfigError
 from transformer_jax.experiment import Experiment, MeshConfig
 from transformer_jax.model import Transformer
 from transformer_jax.plan.figures import CompiledMemory, compiled_memory, is_compile_oom, parse_oom, shard_bytes
@@ -78,6 +79,11 @@ def plan_decode(
     devices = target_devices(target) if devices is None else devices
     model_cfg, decode_cfg = experiment.model, experiment.decode
     source_length = source_length or experiment.data.max_len
+    if source_length > model_cfg.max_len:
+        raise ConfigError(
+            f"sources of {source_length} tokens: the model's positions end at model.max_len={model_cfg.max_len}; "
+            "plan a shorter --source-length."
+        )
     max_decode_len = resolve_max_decode_len(source_length, decode_cfg, None, model_cfg.max_len)
     mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices[:1])
     rules = tuple(sharding.rules_named("dp", mesh))
@@ -108,18 +114,15 @@ def plan_decode(
             **facts, fits=False, compile_s=time.perf_counter() - started, required_bytes=required,
             available_bytes=available, compiler_message=str(error).splitlines()[0],
         )  # fmt: skip
-    start, _ = programs
-    memory, program = max(zip(map(compiled_memory, programs), ("start", "segment")), key=lambda m: m[0].needed_bytes)
-    carry = jax.tree.map(
-        lambda out, placed: jax.ShapeDtypeStruct(out.shape, out.dtype, sharding=placed),
-        start.out_info,
-        start.output_shardings,
+    memory, program = max(
+        ((compiled_memory(programs.start), "start"), (compiled_memory(programs.segment), "segment")),
+        key=lambda figures: figures[0].needed_bytes,
     )
     return DecodePlan(
         **facts,
         fits=memory.needed_bytes <= target.chip.hbm_bytes,
         compile_s=time.perf_counter() - started,
-        carry_bytes=shard_bytes(carry),
+        carry_bytes=shard_bytes(programs.carry),
         memory=memory,
         program=program,
     )
