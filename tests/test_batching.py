@@ -252,3 +252,26 @@ def test_base_config_batches_hold_about_25k_real_tokens_a_side():
     assert 22_500 <= source <= 27_500 and 22_500 <= target <= 27_500, (source, target)
     slots = np.mean([batch["inputs"].size for batch in sample])
     assert slots <= config.data.tokens_per_batch  # the padded budget is never exceeded
+
+
+def brute_force_bucket_plan(order, lengths, boundaries, rows):
+    """The bucket plan by filling buckets one pair at a time (lengths with eos)."""
+    plan, filling = [], {length: [] for length in boundaries}
+    for index in order:
+        length = next(boundary for boundary in boundaries if boundary >= lengths[index].max())
+        filling[length].append([int(index)])
+        if len(filling[length]) == rows[length]:
+            plan.append((length, filling[length]))
+            filling[length] = []
+    return plan + [(length, batch) for length, batch in filling.items() if batch]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_bucket_plan_fills_buckets_in_order_like_brute_force(seed):
+    pairs = random_pairs(700, seed=seed)
+    batches = TrainBatches(pairs, tokens_per_batch=BUDGET, max_len=MAX_LEN, seed=seed, batch_multiple=2)
+    lengths = np.array([(len(s) + 1, len(t) + 1) for s, t in pairs])
+    kept = np.flatnonzero(lengths.max(axis=1) <= MAX_LEN)
+    order = kept[np.random.default_rng(seed).permutation(len(kept))]
+    expected = brute_force_bucket_plan(order, lengths, default_bucket_boundaries(MAX_LEN), batches.rows)
+    assert list(batches.epoch_plan(0)) == expected

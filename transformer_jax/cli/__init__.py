@@ -1,10 +1,10 @@
-"""`transformer-jax <command>`: train, sweep, plan, translate, score, evaluate, average, export and import weights.
+"""`transformer-jax <command>`: train, sweep, prepare, plan, translate, score, evaluate, average, export, import.
 
-The commands are `command.Command`s, listed by group in the COMMANDS of train.py (train, sweep), plan.py (plan),
-inference.py (translate, score), evaluation.py (evaluate, average) and interop.py (export-torch, export-ctranslate2,
-import-torch, import-hf, export-hf); a new command is one more there. Each handler imports what it runs when it
-runs. This module assembles the parser and is the one place that turns how a command ended into its exit code
-(`run_handler`).
+The commands are `command.Command`s, listed by group in the COMMANDS of train.py (train, sweep), prepare.py
+(prepare), plan.py (plan), inference.py (translate, score), evaluation.py (evaluate, average) and interop.py
+(export-torch, export-ctranslate2, import-torch, import-hf, export-hf); a new command is one more there. Each
+handler imports what it runs when it runs. This module assembles the parser and is the one place that turns how a
+command ended into its exit code (`run_handler`).
 
 Config overrides (`--config.section.field=value`) are collected for every command that declares `--config` and
 applied with `transformer_jax.experiment.apply_overrides` (parsed by each field's type; unknown fields are errors).
@@ -21,11 +21,18 @@ import traceback
 from collections.abc import Sequence
 
 from transformer_jax import __version__
-from transformer_jax.cli import evaluation, inference, interop, plan, train
+from transformer_jax.cli import evaluation, inference, interop, plan, prepare, train
 from transformer_jax.cli.command import Handler, Stopped
 from transformer_jax.errors import ArgumentError, ConfigError, UserError
 
-COMMANDS = (*train.COMMANDS, *plan.COMMANDS, *inference.COMMANDS, *evaluation.COMMANDS, *interop.COMMANDS)
+COMMANDS = (
+    *train.COMMANDS,
+    *prepare.COMMANDS,
+    *plan.COMMANDS,
+    *inference.COMMANDS,
+    *evaluation.COMMANDS,
+    *interop.COMMANDS,
+)
 OVERRIDE = re.compile(r"^--config\.([A-Za-z_][\w.]*)(?:=(.*))?$", re.DOTALL)
 BUG_EXIT_CODE = 70  # EX_SOFTWARE (sysexits.h): an internal error
 

@@ -20,13 +20,16 @@ The last batches of an epoch are topped up with all-pad rows.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple, Protocol
 
+import grain
 import numpy as np
 
-from transformer_jax.data.packing import Row, pack_rows
+from transformer_jax.data.epoch_plan import EpochPlan, bucket_plan, pack_plan
 from transformer_jax.errors import DataError
 
 TokenPair = tuple[Sequence[int], Sequence[int]]  # (source pieces, target pieces), no bos/eos
@@ -78,75 +81,102 @@ def train_shapes(
 
 def _with_eos(pieces: Sequence[int], max_len: int, eos_id: int) -> np.ndarray:
     """pieces[:max_len - 1] + [eos] as int32 [length]."""
-    return np.asarray(list(pieces[: max_len - 1]) + [eos_id], np.int32)
+    return np.append(np.asarray(pieces[: max_len - 1], np.int32), np.int32(eos_id))
 
 
-class _Examples:
-    """Encoded examples with eos, and the assembly of batches from rows of example indices."""
+class _Layout(NamedTuple):
+    """How pairs become rows: the longest side (eos included; longer ones are cut) and the special ids."""
 
-    def __init__(self, pairs: Sequence[TokenPair], max_len: int, pad_id: int, bos_id: int, eos_id: int):
-        self.sources = [_with_eos(source, max_len, eos_id) for source, _ in pairs]
-        self.targets = [_with_eos(target, max_len, eos_id) for _, target in pairs]
-        self.pad_id, self.bos_id = pad_id, bos_id
+    max_len: int
+    pad_id: int
+    bos_id: int
+    eos_id: int
 
-    def batch(self, rows: Sequence[Row], num_rows: int, length: int, packed: bool) -> Batch:
-        """Rows of example indices → arrays [num_rows, length]; rows past len(rows) are all padding."""
+    def batch(self, rows: Sequence[Sequence[TokenPair]], num_rows: int, length: int, packed: bool) -> Batch:
+        """Rows of pairs → arrays [num_rows, length]; rows past len(rows) are all padding."""
         shape = (num_rows, length)
         arrays = {name: np.full(shape, self.pad_id, np.int32) for name in ("inputs", "targets", "decoder_inputs")}
-        arrays.update(
-            {
-                name: np.zeros(shape, np.int32)
-                for name in ("inputs_segmentation", "inputs_position", "targets_segmentation", "targets_position")
-            }
-        )
-        for row, indices in enumerate(rows):
+        if packed:
+            segments = ("inputs_segmentation", "inputs_position", "targets_segmentation", "targets_position")
+            arrays.update({name: np.zeros(shape, np.int32) for name in segments})
+        for row, pairs in enumerate(rows):
             source_start = target_start = 0
-            for segment, index in enumerate(indices, start=1):
-                source, target = self.sources[index], self.targets[index]
+            for segment, (source_pieces, target_pieces) in enumerate(pairs, start=1):
+                source = _with_eos(source_pieces, self.max_len, self.eos_id)
+                target = _with_eos(target_pieces, self.max_len, self.eos_id)
                 source_span = slice(source_start, source_start + len(source))
                 target_span = slice(target_start, target_start + len(target))
                 arrays["inputs"][row, source_span] = source
-                arrays["inputs_segmentation"][row, source_span] = segment
-                arrays["inputs_position"][row, source_span] = np.arange(len(source))
                 arrays["targets"][row, target_span] = target
                 arrays["decoder_inputs"][row, target_span] = np.concatenate([[self.bos_id], target[:-1]])
-                arrays["targets_segmentation"][row, target_span] = segment
-                arrays["targets_position"][row, target_span] = np.arange(len(target))
+                if packed:
+                    arrays["inputs_segmentation"][row, source_span] = segment
+                    arrays["inputs_position"][row, source_span] = np.arange(len(source))
+                    arrays["targets_segmentation"][row, target_span] = segment
+                    arrays["targets_position"][row, target_span] = np.arange(len(target))
                 source_start, target_start = source_span.stop, target_span.stop
-        if not packed:
-            return {name: arrays[name] for name in ("inputs", "targets", "decoder_inputs")}
         return arrays
 
 
-class _EpochExamples:
-    """One epoch's pairs: those at most max_len long (eos included) kept, their lengths, their encoded examples."""
+class TokenPairs(Protocol):
+    """Encoded training pairs with random access: in memory (`TokenPairList`) or prepared on disk
+    (data/prepared.PreparedPairs)."""
 
-    def __init__(self, pairs: Sequence[TokenPair], max_len: int, pad_id: int, bos_id: int, eos_id: int):
-        self.lengths = np.array([(len(source) + 1, len(target) + 1) for source, target in pairs], np.int64).reshape(
-            -1, 2
-        )  # [pairs, 2] with eos
-        self.kept = np.flatnonzero(self.lengths.max(axis=1) <= max_len)
-        self.dropped = len(pairs) - len(self.kept)
-        if not len(self.kept):
+    def lengths(self) -> np.ndarray:
+        """[pairs, 2]: the pieces of each pair's source and target, without eos."""
+
+    def read(self, indices: np.ndarray) -> list[TokenPair]:
+        """The pairs at `indices` [count], in that order."""
+
+
+class TokenPairList:
+    """TokenPairs over a sequence of (source pieces, target pieces)."""
+
+    def __init__(self, pairs: Sequence[TokenPair]):
+        self.pairs = pairs
+
+    def lengths(self) -> np.ndarray:
+        return np.array([(len(source), len(target)) for source, target in self.pairs], np.int64).reshape(-1, 2)
+
+    def read(self, indices: np.ndarray) -> list[TokenPair]:
+        return [self.pairs[index] for index in indices.tolist()]
+
+
+class _EpochPairs(NamedTuple):
+    """One epoch's pairs, their lengths with eos [pairs, 2], and the indices of those at most max_len long."""
+
+    pairs: TokenPairs
+    lengths: np.ndarray
+    kept: np.ndarray
+
+    @classmethod
+    def of(cls, pairs: TokenPairs, max_len: int) -> _EpochPairs:
+        lengths = pairs.lengths() + 1
+        kept = np.flatnonzero(lengths.max(axis=1) <= max_len)
+        if not len(kept):
             raise DataError(f"No pair is at most max_len={max_len} tokens long (eos included); raise data.max_len.")
-        self.examples = _Examples(pairs, max_len, pad_id, bos_id, eos_id)
+        return cls(pairs, lengths, kept)
 
 
 class TrainBatches:
     """Endless, shuffled training batches over epochs, resumable from `state()`.
 
-    `pairs` are the token pairs of every epoch, or a function of the epoch that returns that epoch's (segmentations
-    sampled anew each epoch: `Tokenizer.sample_pairs`); it must return the same pairs for the same epoch.
+    `pairs` are the token pairs of every epoch (a sequence, or `TokenPairs` such as prepared data on disk), or a
+    function of the epoch that returns that epoch's (segmentations sampled anew each epoch:
+    `Tokenizer.sample_pairs`); it must return the same pairs for the same epoch.
     Epoch e shuffles with seed + e and holds every kept pair exactly once. `state()` is
     {'epoch', 'index'} (index = batches already yielded in that epoch); `restore(state)` resumes there
     with exactly the batches that would have followed. With shard_count > 1 each process gets rows
-    [shard_index · rows / shard_count, (shard_index + 1) · rows / shard_count) of every global batch.
-    With pack=True, rows are max_len long and bucket_boundaries are not used.
+    [shard_index · rows / shard_count, (shard_index + 1) · rows / shard_count) of every global batch, and reads only
+    their pairs. With pack=True, rows are max_len long and bucket_boundaries are not used.
+
+    The batches are made by a grain dataset over the epoch's plan (`read_threads` threads, `prefetch` batches
+    ahead), in order.
     """
 
     def __init__(
         self,
-        pairs: Sequence[TokenPair] | Callable[[int], Sequence[TokenPair]],
+        pairs: TokenPairs | Sequence[TokenPair] | Callable[[int], Sequence[TokenPair]],
         *,
         tokens_per_batch: int,
         max_len: int,
@@ -159,13 +189,15 @@ class TrainBatches:
         pad_id: int = 0,
         bos_id: int = 1,
         eos_id: int = 2,
+        read_threads: int = 2,
+        prefetch: int = 8,
     ):
         if not 0 <= shard_index < shard_count:
             raise ValueError(f"Need 0 <= shard_index < shard_count, got {shard_index} and {shard_count}.")
-        self._pairs, self._ids = pairs, (max_len, pad_id, bos_id, eos_id)
-        self._fixed = None if callable(pairs) else _EpochExamples(pairs, *self._ids)  # every epoch's: built once
-        first = self._examples(0)
-        self.dropped = first.dropped
+        self._pairs, self._layout = pairs, _Layout(max_len, pad_id, bos_id, eos_id)
+        self._fixed = None if callable(pairs) else _EpochPairs.of(_token_pairs(pairs), max_len)  # built once
+        first = self._epoch_pairs(0)
+        self.dropped = len(first.lengths) - len(first.kept)
         logger.info(
             "Training batches: kept %d pairs, dropped %d longer than max_len=%d tokens (eos included)%s.",
             len(first.kept),
@@ -175,20 +207,20 @@ class TrainBatches:
         )
         self.seed, self.pack, self.max_len = seed, pack, max_len
         self.shard_index, self.shard_count = shard_index, shard_count
-        self.boundaries = (max_len,) if pack else _checked_boundaries(bucket_boundaries, max_len)
         row_multiple = math.lcm(batch_multiple, shard_count)
         # bucket length -> rows per global batch
         self.rows = train_shapes(tokens_per_batch, max_len, bucket_boundaries, pack, row_multiple)
+        self.read_options = grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=prefetch)
         self.epoch, self.index = 0, 0
-        self._plan_epoch = -1
-        self._plan: list[tuple[int, list[Row]]] = []
-        self._epoch_examples, self._examples_epoch = first, 0  # the examples of the epoch planned last
+        self._planned: tuple[int, _EpochPairs, EpochPlan] | None = None  # the epoch planned last
+        self._first_pairs: _EpochPairs | None = first
+        self._iterator: Iterator[Batch] | None = None  # the grain iterator at (epoch, index)
 
-    def _examples(self, epoch: int) -> _EpochExamples:
+    def _epoch_pairs(self, epoch: int) -> _EpochPairs:
         if self._fixed is not None:
             return self._fixed
         assert callable(self._pairs)
-        return _EpochExamples(self._pairs(epoch), *self._ids)
+        return _EpochPairs.of(TokenPairList(self._pairs(epoch)), self._layout.max_len)
 
     def state(self) -> dict[str, int]:
         return {"epoch": self.epoch, "index": self.index}
@@ -201,50 +233,50 @@ class TrainBatches:
                 f"Cannot resume at {state}: epoch {epoch} has {batches} batches here. Were the "
                 f"data, the tokenizer or the batching options changed since it was saved?"
             )
-        self.epoch, self.index = epoch, index
+        self.epoch, self.index, self._iterator = epoch, index, None
 
-    def epoch_plan(self, epoch: int) -> list[tuple[int, list[Row]]]:
-        """[(length, rows of example indices)] for every global batch of `epoch`, in order."""
-        if epoch != self._plan_epoch:
-            if epoch != self._examples_epoch:
-                self._epoch_examples, self._examples_epoch = self._examples(epoch), epoch
-            self._plan = self._make_plan(self._epoch_examples, epoch)
-            self._plan_epoch = epoch
-        return self._plan
+    def epoch_plan(self, epoch: int) -> EpochPlan:
+        """Every global batch of `epoch`, in order."""
+        return self._plan(epoch)[1]
 
-    def _make_plan(self, examples: _EpochExamples, epoch: int) -> list[tuple[int, list[Row]]]:
-        order = examples.kept[np.random.default_rng(self.seed + epoch).permutation(len(examples.kept))]
-        return self._pack_plan(order, examples.lengths) if self.pack else self._bucket_plan(order, examples.lengths)
+    def _plan(self, epoch: int) -> tuple[_EpochPairs, EpochPlan]:
+        if self._planned is None or self._planned[0] != epoch:
+            pairs = self._first_pairs if epoch == 0 and self._first_pairs is not None else self._epoch_pairs(epoch)
+            self._first_pairs = None
+            order = pairs.kept[np.random.default_rng(self.seed + epoch).permutation(len(pairs.kept))]
+            if self.pack:
+                plan = pack_plan(order, pairs.lengths, self.max_len, self.rows[self.max_len])
+            else:
+                plan = bucket_plan(order, pairs.lengths.max(axis=1), self.rows)
+            self._planned = (epoch, pairs, plan)
+        return self._planned[1], self._planned[2]
 
-    def _bucket_plan(self, order: np.ndarray, lengths: np.ndarray) -> list[tuple[int, list[Row]]]:
-        bucket_of = np.searchsorted(self.boundaries, lengths.max(axis=1))  # [pairs]
-        plan: list[tuple[int, list[Row]]] = []
-        filling: dict[int, list[Row]] = {length: [] for length in self.boundaries}
-        for index in order:
-            length = self.boundaries[bucket_of[index]]
-            filling[length].append([int(index)])
-            if len(filling[length]) == self.rows[length]:
-                plan.append((length, filling[length]))
-                filling[length] = []
-        plan.extend((length, rows) for length, rows in filling.items() if rows)
-        return plan
-
-    def _pack_plan(self, order: np.ndarray, lengths: np.ndarray) -> list[tuple[int, list[Row]]]:
-        batches = pack_rows(order, lengths[:, 0], lengths[:, 1], self.max_len, self.rows[self.max_len])
-        return [(self.max_len, rows) for rows in batches]
+    def _batch(self, pairs: TokenPairs, plan: EpochPlan, batch: int) -> Batch:
+        """This process's rows of global batch `batch`, reading only their pairs."""
+        length = int(plan.lengths[batch])
+        num_rows = self.rows[length] // self.shard_count
+        rows = plan.rows(batch, self.shard_index * num_rows, num_rows)
+        read = iter(pairs.read(np.concatenate(rows))) if rows else iter(())
+        return self._layout.batch([[next(read) for _ in row] for row in rows], num_rows, length, self.pack)
 
     def __iter__(self) -> Iterator[Batch]:
         return self
 
     def __next__(self) -> Batch:
-        plan = self.epoch_plan(self.epoch)
-        length, rows = plan[self.index]
+        pairs, plan = self._plan(self.epoch)
+        if self._iterator is None:
+            assemble = functools.partial(self._batch, pairs.pairs, plan)
+            batches = grain.MapDataset.range(self.index, len(plan)).map(assemble)
+            self._iterator = iter(batches.to_iter_dataset(self.read_options))
+        batch = next(self._iterator)
         self.index += 1
         if self.index == len(plan):
-            self.epoch, self.index = self.epoch + 1, 0
-        num_rows = self.rows[length] // self.shard_count
-        first = self.shard_index * num_rows
-        return self._epoch_examples.examples.batch(rows[first : first + num_rows], num_rows, length, self.pack)
+            self.epoch, self.index, self._iterator = self.epoch + 1, 0, None
+        return batch
+
+
+def _token_pairs(pairs: TokenPairs | Sequence[TokenPair]) -> TokenPairs:
+    return pairs if hasattr(pairs, "read") else TokenPairList(pairs)  # type: ignore[return-value]
 
 
 def eval_batches(
@@ -264,10 +296,11 @@ def eval_batches(
     all-pad rows that fill the last batch.
     """
     boundaries = _checked_boundaries(bucket_boundaries, max_len)
-    examples = _Examples(pairs, max_len, pad_id, bos_id, eos_id)
+    layout = _Layout(max_len, pad_id, bos_id, eos_id)
     for start in range(0, len(pairs), batch_size):
         indices = np.arange(start, min(start + batch_size, len(pairs)))
-        longest = max(max(len(examples.sources[i]), len(examples.targets[i])) for i in indices)
+        rows = [[pairs[index]] for index in indices.tolist()]
+        longest = min(max(max(len(source), len(target)) + 1 for [(source, target)] in rows), max_len)
         length = boundaries[int(np.searchsorted(boundaries, longest))]
-        batch = examples.batch([[int(i)] for i in indices], batch_size, length, packed=False)
+        batch = layout.batch(rows, batch_size, length, packed=False)
         yield np.pad(indices, (0, batch_size - len(indices)), constant_values=-1).astype(np.int32), batch

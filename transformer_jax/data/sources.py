@@ -72,9 +72,9 @@ def source_from_config(data: DataConfig, splits: tuple[str, ...] = ("train", "va
     return source
 
 
-def check_splits_not_empty(source: ParallelSource) -> None:
+def check_splits_not_empty(source: ParallelSource, splits: tuple[str, ...] = ("train", "validation")) -> None:
     """Training needs a pair in 'train' (the tokenizer learns from it) and in 'validation'; checked before any work."""
-    for split in ("train", "validation"):
+    for split in splits:
         if next(iter(source.pairs(split)), None) is None:
             raise ConfigError(
                 f"the {split} split of data.source={source.__class__.__name__} has no sentence pairs "

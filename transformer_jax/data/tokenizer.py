@@ -24,6 +24,7 @@ import logging
 import os
 import random
 import re
+import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -278,8 +279,8 @@ def load_or_train_tokenizer(
 
 def load_or_train_shared_tokenizer(workdir: Path, source, data: DataConfig, seed: int) -> AnyTokenizer:
     """`load_or_train_tokenizer` for a run of one or more processes: process 0 loads or trains {workdir}/spm.model
-    on the source's training pairs; the other processes wait for it, then load it. A workdir holding an imported
-    Marian tokenizer (fine-tuning an `import-hf` model) keeps it."""
+    on the source's training pairs (or copies data.prepared's, which encoded them); the other processes wait for it,
+    then load it. A workdir holding an imported Marian tokenizer (fine-tuning an `import-hf` model) keeps it."""
     import jax
 
     if holds_marian_tokenizer(workdir):
@@ -291,6 +292,12 @@ def load_or_train_shared_tokenizer(workdir: Path, source, data: DataConfig, seed
         return marian_tokenizer.MarianTokenizer.from_directory(workdir)
 
     if jax.process_index() == 0:
+        prepared = Path(data.prepared) / MODEL_FILENAME
+        if data.prepared and not (workdir / MODEL_FILENAME).exists():  # the model the prepared pairs were encoded with
+            if not prepared.is_file():
+                raise DataError(f"data.prepared={data.prepared!r} has no {MODEL_FILENAME}: is it a `prepare` output?")
+            workdir.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(prepared, workdir / MODEL_FILENAME)
         tokenizer = load_or_train_tokenizer(
             workdir,
             source.pairs("train"),

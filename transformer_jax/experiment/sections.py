@@ -42,6 +42,9 @@ class DataConfig(Section):
     source_lang: str = "en"
     target_lang: str = "de"
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # further keyword options of the source
+    # A directory written by `transformer-jax prepare` (data/prepared.py): the training pairs are read from it,
+    # tokenized, by index; validation stays the source's text. "": the source's training split, encoded at start-up.
+    prepared: str = ""
     vocab_size: int = 37000  # shared source/target BPE vocabulary (§5.1); the model's vocab_size follows it
     tokenizer_model_type: Literal["bpe", "unigram"] = "bpe"
     # SentencePiece's normalization rule; "nmt_nfkc_cf" folds case (a lowercased model, as in lowercased benchmarks)
@@ -64,6 +67,11 @@ class DataConfig(Section):
     def _validate(self) -> None:
         if not all(positive_int(length) for length in self.bucket_boundaries):
             raise ConfigError(f"data.bucket_boundaries={self.bucket_boundaries!r} must be positive lengths.")
+        if self.prepared and self.tokenizer_sampling:
+            raise ConfigError(
+                f"data.tokenizer_sampling={self.tokenizer_sampling} segments the text anew each epoch, but "
+                f"data.prepared={self.prepared!r} holds it segmented once: drop one of them."
+            )
         if not 0.0 <= self.tokenizer_sampling < 1.0:
             raise ConfigError(
                 f"data.tokenizer_sampling={self.tokenizer_sampling} must lie in [0, 1) (0 = no sampling; BPE-dropout "

@@ -41,6 +41,7 @@ from transformer_jax.accounting import count_parameters
 from transformer_jax.checkpoint import Checkpointer
 from transformer_jax.config import ModelConfig
 from transformer_jax.data.pipeline import RunData, build_run_data
+from transformer_jax.data.prepared import read_manifests
 from transformer_jax.data.sources import check_splits_not_empty, source_from_config
 from transformer_jax.data.tokenizer import AnyTokenizer, load_or_train_shared_tokenizer
 from transformer_jax.errors import ConfigError
@@ -120,8 +121,11 @@ def assemble(
     laps = _Laps()
     distributed.initialize(experiment.distributed)  # before any other JAX call
     workdir, data_cfg, train_cfg = Path(workdir), experiment.data, experiment.train
-    source = source_from_config(data_cfg)
-    check_splits_not_empty(source)
+    splits = ("validation",) if data_cfg.prepared else ("train", "validation")  # prepared: the text of train unread
+    source = source_from_config(data_cfg, splits)
+    check_splits_not_empty(source, splits)
+    if data_cfg.prepared:
+        read_manifests(Path(data_cfg.prepared))  # complete, else named here, before any work
     try:  # the mesh, its rule table, this process's rows; the model must divide over them
         layout = sharding.make_layout(experiment.mesh.shape, experiment.mesh.rules, experiment.model)
     except ValueError as error:

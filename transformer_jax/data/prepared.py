@@ -1,0 +1,254 @@
+"""Training pairs tokenized once, offline, into sharded ArrayRecord files that every process reads by index.
+
+    transformer-jax prepare --config experiments/base.py --output DIR      # then train with data.prepared=DIR
+
+DIR holds the run's SentencePiece model (`spm.model`), the shards and one manifest per part:
+
+    train-00000.array_record   one record a pair: [source length, source pieces..., target pieces...] (no bos/eos),
+                               uint16 where the vocabulary allows, else int32; written with group_size:1 (grain's
+                               random access)
+    train-00000.lengths.npy    [pairs, 2] int32: the pieces of each side, so batches are planned without reading
+    part-0-of-1.json           the shards that part wrote, their pair counts, the tokenizer's fingerprint, the languages
+
+Shard k holds the training pairs k·chunk_pairs .. (k+1)·chunk_pairs - 1 of the source, in order. A job of several
+hosts prepares with `--part I/N` on each: every part reads the text and encodes the shards k with k % N == I, each
+in a worker process; the data is complete when all N manifests are there.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import itertools
+import json
+import multiprocessing
+import os
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from transformer_jax.data.pairs import Pair
+from transformer_jax.errors import DataError
+from transformer_jax.experiment import DataConfig
+
+FORMAT = 1
+ARRAY_RECORD_OPTIONS = "group_size:1,uncompressed"  # random access, one pair a chunk; pieces do not compress
+
+
+def shard_name(shard: int) -> str:
+    return f"train-{shard:05d}"
+
+
+def manifest_name(part: int, parts: int) -> str:
+    return f"part-{part}-of-{parts}.json"
+
+
+def record_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """What one part of `prepare` wrote."""
+
+    part: int
+    parts: int
+    chunk_pairs: int
+    shards: dict[int, int]  # shard -> pairs in it
+    tokenizer: str  # sha256 of spm.model (Tokenizer.fingerprint)
+    dtype: str
+    source_lang: str
+    target_lang: str
+    format: int = FORMAT
+
+    def write(self, directory: Path) -> None:
+        path = directory / manifest_name(self.part, self.parts)
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(dataclasses.asdict(self), indent=1) + "\n")
+        os.replace(temporary, path)
+
+    @classmethod
+    def read(cls, path: Path) -> Manifest:
+        fields = json.loads(path.read_text())
+        fields["shards"] = {int(shard): pairs for shard, pairs in fields["shards"].items()}
+        return cls(**fields)
+
+
+# ---- writing (in worker processes) ----
+
+_worker_tokenizer = None
+
+
+def _load_worker_tokenizer(model: bytes) -> None:
+    global _worker_tokenizer
+    import sentencepiece as spm
+
+    _worker_tokenizer = spm.SentencePieceProcessor(model_proto=model)
+
+
+def _write_shard(directory: str, shard: int, pairs: list[Pair], dtype: str) -> tuple[int, int]:
+    """Encodes `pairs` and writes shard `shard` (records, then lengths; each renamed into place when complete)."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    assert _worker_tokenizer is not None
+    sources = _worker_tokenizer.encode([source for source, _ in pairs])
+    targets = _worker_tokenizer.encode([target for _, target in pairs])
+    stem = Path(directory) / shard_name(shard)
+    records = stem.with_suffix(".array_record.tmp")
+    writer = ArrayRecordWriter(str(records), ARRAY_RECORD_OPTIONS)
+    for source, target in zip(sources, targets):
+        writer.write(np.array([len(source), *source, *target], dtype).tobytes())
+    writer.close()
+    lengths = np.array([(len(source), len(target)) for source, target in zip(sources, targets)], np.int32)
+    with open(stem.with_suffix(".lengths.npy.tmp"), "wb") as file:
+        np.save(file, lengths.reshape(-1, 2))
+    os.replace(records, stem.with_suffix(".array_record"))
+    os.replace(stem.with_suffix(".lengths.npy.tmp"), stem.with_suffix(".lengths.npy"))
+    return shard, len(pairs)
+
+
+def _chunks(pairs: Iterable[Pair], size: int) -> Iterator[list[Pair]]:
+    iterator = iter(pairs)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
+
+
+def write_prepared(
+    pairs: Iterable[Pair],
+    tokenizer_model: bytes,
+    directory: Path,
+    dtype: str,
+    *,
+    chunk_pairs: int,
+    part: tuple[int, int] = (0, 1),
+    workers: int = 0,
+    progress: Callable[[int], None] = lambda pairs: None,
+) -> dict[int, int]:
+    """Encodes the shards of `part` (index, count) from `pairs` in `workers` processes (0: one per core); returns
+    {shard: pairs} of those written. `progress(pairs)` after each chunk read."""
+    workers = workers or os.cpu_count() or 1
+    done: dict[int, int] = {}
+    context = multiprocessing.get_context("spawn")  # no forked copy of a parent that may hold jax threads
+    with concurrent.futures.ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_load_worker_tokenizer, initargs=(tokenizer_model,)
+    ) as pool:
+        pending: set[concurrent.futures.Future] = set()
+        for shard, chunk in enumerate(_chunks(pairs, chunk_pairs)):
+            progress(len(chunk))
+            if shard % part[1] != part[0]:
+                continue
+            if len(pending) > workers:  # a bounded number of chunks in memory
+                finished, pending = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
+                done.update(future.result() for future in finished)
+            pending.add(pool.submit(_write_shard, str(directory), shard, chunk, dtype))
+        done.update(future.result() for future in concurrent.futures.as_completed(pending))
+    return dict(sorted(done.items()))
+
+
+# ---- reading ----
+
+
+class PreparedPairs:
+    """The prepared training pairs of a directory, by index (data.batching.TokenPairs): lengths in memory
+    (8 bytes a pair), pieces read from the shards when a batch needs them."""
+
+    def __init__(self, directory: str | Path):
+        import grain
+
+        self.directory = Path(directory)
+        self.manifest = read_manifests(self.directory)
+        shards = sorted(self.manifest.shards)
+        self._dtype = np.dtype(self.manifest.dtype)
+        self._lengths = np.concatenate(
+            [np.load(self.directory / f"{shard_name(shard)}.lengths.npy") for shard in shards]
+        ).reshape(-1, 2)
+        paths = [str(self.directory / f"{shard_name(shard)}.array_record") for shard in shards]
+        self._records = grain.sources.ArrayRecordDataSource(paths)
+
+    def __len__(self) -> int:
+        return len(self._lengths)
+
+    def lengths(self) -> np.ndarray:
+        return self._lengths.astype(np.int64)
+
+    def read(self, indices: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        pairs = []
+        for record in self._records.__getitems__(indices.tolist()):
+            pieces = np.frombuffer(record, self._dtype)
+            pairs.append((pieces[1 : 1 + pieces[0]], pieces[1 + pieces[0] :]))
+        return pairs
+
+
+def read_manifests(directory: Path) -> Manifest:
+    """The manifests of every part merged into one (part 0 of 1), after checking that all parts are there, agree
+    and cover shards 0 .. K-1 whose files exist."""
+    paths = sorted(directory.glob("part-*-of-*.json"))
+    if not paths:
+        raise DataError(
+            f"{directory} holds no prepared training data (no part-*-of-*.json). Write it with `transformer-jax "
+            f"prepare --config ... --output {directory}`; a `prepare` that was stopped writes its manifest last."
+        )
+    manifests = [Manifest.read(path) for path in paths]
+    first = manifests[0]
+    parts = {manifest.part for manifest in manifests if manifest.parts == first.parts}
+    if len(parts) != len(manifests) or parts != set(range(first.parts)):
+        raise DataError(
+            f"{directory} holds the manifests {[path.name for path in paths]}, not parts 0..{first.parts - 1} of "
+            f"{first.parts}: run `prepare --part I/{first.parts}` for the missing parts (or prepare afresh)."
+        )
+    keys = ("chunk_pairs", "tokenizer", "dtype", "source_lang", "target_lang", "format")
+    for manifest in manifests:
+        if any(getattr(manifest, key) != getattr(first, key) for key in keys):
+            raise DataError(f"The parts in {directory} were prepared differently ({keys} differ); prepare afresh.")
+    shards = {shard: pairs for manifest in manifests for shard, pairs in manifest.shards.items()}
+    if sorted(shards) != list(range(len(shards))):
+        raise DataError(f"{directory}: the parts' shards are not 0..{len(shards) - 1}; prepare afresh.")
+    for shard in shards:
+        for suffix in (".array_record", ".lengths.npy"):
+            if not (directory / f"{shard_name(shard)}{suffix}").is_file():
+                raise DataError(f"{directory}: {shard_name(shard)}{suffix} is missing; prepare afresh.")
+    return dataclasses.replace(first, part=0, parts=1, shards=shards)
+
+
+def prepare(
+    data: DataConfig, output: Path, *, seed: int, part: tuple[int, int], workers: int, chunk_pairs: int
+) -> Manifest:
+    """`transformer-jax prepare`: the SentencePiece model of `data` (trained on the training split as `train` trains
+    it, or the one already in `output`) and this part's shards of the encoded training split."""
+    from tqdm import tqdm
+
+    from transformer_jax.data.sources import check_splits_not_empty, source_from_config
+    from transformer_jax.data.tokenizer import load_or_train_tokenizer
+
+    source = source_from_config(data, splits=("train",))
+    check_splits_not_empty(source, splits=("train",))
+    output.mkdir(parents=True, exist_ok=True)
+    existing = sorted(path.name for path in output.glob("part-*-of-*.json"))
+    if manifest_name(*part) in existing:
+        raise DataError(f"{output} already holds {manifest_name(*part)}; give a fresh --output (or delete it).")
+    tokenizer = load_or_train_tokenizer(
+        output,
+        source.pairs("train"),
+        data.vocab_size,
+        model_type=data.tokenizer_model_type,
+        normalization=data.tokenizer_normalization,
+        max_sentences=data.tokenizer_max_sentences,
+        seed=seed,
+    )
+
+    dtype = record_dtype(tokenizer.vocab_size).name
+    with tqdm(desc=f"prepare part {part[0]}/{part[1]}", unit=" pairs", unit_scale=True, mininterval=5) as bar:
+        shards = write_prepared(
+            source.pairs("train"),
+            tokenizer.processor.serialized_model_proto(),
+            output,
+            dtype,
+            chunk_pairs=chunk_pairs,
+            part=part,
+            workers=workers,
+            progress=bar.update,
+        )
+    manifest = Manifest(*part, chunk_pairs, shards, tokenizer.fingerprint, dtype, data.source_lang, data.target_lang)
+    manifest.write(output)  # last: a stopped prepare leaves no manifest, so no one reads its shards
+    return manifest
