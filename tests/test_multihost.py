@@ -186,7 +186,7 @@ def test_parameters_are_split_across_processes(runs):
         assert report["local_param_bytes"] * 2 == report["total_param_bytes"]  # fsdp over all 4 devices
 
 
-def loop_pair(name: str, root: Path, stop_at: int) -> list[Launch]:
+def loop_pair(name: str, root: Path, stop_at: int, prepared: Path) -> list[Launch]:
     port = free_port()
     return [
         Launch(
@@ -209,6 +209,8 @@ def loop_pair(name: str, root: Path, stop_at: int) -> list[Launch]:
                 str(root / f"{name}{i}.json"),
                 "--cache-dir",
                 str(root / "xla_cache"),
+                "--prepared",
+                str(prepared),
             ],
             root,
         )
@@ -218,16 +220,21 @@ def loop_pair(name: str, root: Path, stop_at: int) -> list[Launch]:
 
 @pytest.mark.slow
 def test_the_training_loop_on_two_processes_resumes_and_logs_like_one(tmp_path):
-    """train.loop.train end to end (distributed start-up from the config, tokenizer trained by process 0, each
-    process's rows of train and validation batches, BLEU, process-0-only logs): stopped after update 2 and resumed
-    to 4 on two processes, it logs the losses and BLEU of one process with the same four devices."""
+    """train.loop.train end to end (distributed start-up from the config, training pairs prepared in two parts and
+    read by each process for its own rows, the data position restored from the checkpoint, validation rows split,
+    BLEU, process-0-only logs): stopped after update 2 and resumed to 4 on two processes, it logs the losses and BLEU
+    of one process with the same four devices that encodes the text in memory."""
     reference = Launch(
         "loop_reference",
         ["--loop", "--num-processes", "1", "--devices", "4", "--workdir", str(tmp_path / "ref"), "--stop-at", "4"],
         tmp_path,
     )
-    wait_ok([reference, *loop_pair("loop_first", tmp_path, stop_at=2)])
-    wait_ok(loop_pair("loop_second", tmp_path, stop_at=4))
+    sys.path.insert(0, str(WORKER.parent))
+    from multihost_worker import prepare_for_loop
+
+    prepare_for_loop(tmp_path / "prepared")
+    wait_ok([reference, *loop_pair("loop_first", tmp_path, stop_at=2, prepared=tmp_path / "prepared")])
+    wait_ok(loop_pair("loop_second", tmp_path, stop_at=4, prepared=tmp_path / "prepared"))
     for i in range(2):
         report = json.loads((tmp_path / f"loop_second{i}.json").read_text())
         assert report["info"]["process_count"] == 2 and report["summary"]["start_step"] == 2

@@ -15,6 +15,7 @@ With --num-processes 1 it is the single-process reference (use --devices = the t
 --loop runs the real runner instead, `train.loop.train` on experiments/tiny.py (a small model, the builtin corpus,
 fsdp over every device), with the start-up settings in the config's `distributed` section, up to update --stop-at
 (resuming from --workdir); it reports the run's summary. Process 0 trains the tokenizer and writes metrics.jsonl.
+--prepared DIR reads the training pairs from DIR (`prepare_for_loop`) instead, each process only those of its rows.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def parse():
     parser.add_argument("--params", default=None)
     parser.add_argument("--launch-only", action="store_true")
     parser.add_argument("--loop", action="store_true", help="run transformer_jax.train.loop.train")
+    parser.add_argument("--prepared", default="", help="with --loop: the training pairs from this prepared directory")
     parser.add_argument(
         "--cache-dir",
         default=None,
@@ -202,22 +204,44 @@ LOOP_CHANGES = {
 }
 
 
-def run_loop(args, settings: dict, started: float) -> None:
-    """The real runner; distributed start-up happens inside `train` from the config."""
+def loop_experiment(stop_at: int, **changes):
+    """experiments/tiny.py with LOOP_CHANGES and `changes`, stopping at update `stop_at`."""
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).parents[1]))
     from conftest import tiny_run_overrides
 
-    from transformer_jax import distributed, peers
     from transformer_jax.experiment import load_experiment
+
+    overrides = tiny_run_overrides(stop_at, **LOOP_CHANGES, **changes)
+    return load_experiment(str(Path(__file__).parents[2] / "experiments" / "tiny.py"), overrides)
+
+
+def prepare_for_loop(directory, parts: int = 2, chunk_pairs: int = 400) -> None:
+    """The training pairs of the --loop runs prepared into `directory` in `parts` parts, as that many hosts would."""
+    from transformer_jax.data.prepared import prepare
+
+    experiment = loop_experiment(1)
+    for part in range(parts):
+        prepare(
+            experiment.data,
+            directory,
+            seed=experiment.train.seed,
+            part=(part, parts),
+            workers=1,
+            chunk_pairs=chunk_pairs,
+        )
+
+
+def run_loop(args, settings: dict, started: float) -> None:
+    """The real runner; distributed start-up happens inside `train` from the config."""
+    from transformer_jax import distributed, peers
     from transformer_jax.train import loop
 
-    overrides = tiny_run_overrides(
-        args.stop_at, **LOOP_CHANGES, **{f"distributed.{key}": value for key, value in settings.items()}
-    )
-    config = load_experiment(str(Path(__file__).parents[2] / "experiments" / "tiny.py"), overrides)
-    summary = loop.train(config, args.workdir)
+    changes = {f"distributed.{key}": value for key, value in settings.items()}
+    if args.prepared:
+        changes["data.prepared"] = args.prepared
+    summary = loop.train(loop_experiment(args.stop_at, **changes), args.workdir)
     import jax
 
     report = {

@@ -14,7 +14,6 @@ from transformer_jax.data.batching import Batch, TrainBatches, eval_batches
 from transformer_jax.data.pairs import Pair, ParallelSource
 from transformer_jax.data.prepared import PreparedPairs
 from transformer_jax.data.tokenizer import AnyTokenizer, Tokenizer
-from transformer_jax.errors import DataError
 from transformer_jax.experiment import DataConfig
 
 
@@ -37,7 +36,7 @@ def build_run_data(
     """The training pairs as token-budget batches (`shard`: this process's (index, count) of every batch's rows; each
     batch a multiple of `batch_multiple` rows) and the validation split as text and as batches."""
     if data.prepared:
-        pairs: Any = prepared_pairs(data, tokenizer)
+        pairs: Any = PreparedPairs(data.prepared)  # checked against the run: prepared.check_prepared
     elif data.tokenizer_sampling:  # load_or_train_shared_tokenizer refuses it for an imported Marian tokenizer
         assert isinstance(tokenizer, Tokenizer), "segmentation sampling needs the run's own SentencePiece model"
         pairs = tokenizer.epoch_sampler(source.pairs("train"), data.tokenizer_sampling, seed)
@@ -62,24 +61,6 @@ def build_run_data(
         if counts.empty or counts.too_long
     }
     return RunData(batches, valid_pairs, validation_batches(tokenizer, valid_pairs, data), skipped)
-
-
-def prepared_pairs(data: DataConfig, tokenizer: AnyTokenizer) -> PreparedPairs:
-    """The training pairs of data.prepared, after checking that they were made for this run's tokenizer and
-    language pair."""
-    pairs = PreparedPairs(data.prepared)
-    manifest = pairs.manifest
-    if (manifest.source_lang, manifest.target_lang) != (data.source_lang, data.target_lang):
-        raise DataError(
-            f"data.prepared={data.prepared!r} holds {manifest.source_lang}->{manifest.target_lang} pairs, but the run "
-            f"translates {data.source_lang}->{data.target_lang}: prepare that direction into another directory."
-        )
-    if not isinstance(tokenizer, Tokenizer) or tokenizer.fingerprint != manifest.tokenizer:
-        raise DataError(
-            f"data.prepared={data.prepared!r} was encoded with another SentencePiece model than the run's: the run "
-            f"takes {data.prepared}/spm.model when its workdir has none, so use a fresh --workdir."
-        )
-    return pairs
 
 
 def validation_batches(tokenizer: AnyTokenizer, pairs: list[Pair], data: DataConfig) -> list[Batch]:

@@ -180,6 +180,23 @@ class PreparedPairs:
         return pairs
 
 
+def check_prepared(data: DataConfig, tokenizer_fingerprint: str | None = None) -> Manifest:
+    """The manifest of data.prepared, after checking that it is complete, holds the run's language pair and (given
+    the fingerprint of the run's tokenizer) was encoded with it."""
+    manifest = read_manifests(Path(data.prepared))
+    if (manifest.source_lang, manifest.target_lang) != (data.source_lang, data.target_lang):
+        raise DataError(
+            f"data.prepared={data.prepared!r} holds {manifest.source_lang}->{manifest.target_lang} pairs, but the run "
+            f"translates {data.source_lang}->{data.target_lang}: prepare that direction into another directory."
+        )
+    if tokenizer_fingerprint is not None and tokenizer_fingerprint != manifest.tokenizer:
+        raise DataError(
+            f"data.prepared={data.prepared!r} was encoded with another SentencePiece model than the workdir's: a run "
+            f"takes {data.prepared}/spm.model when its workdir has none, so use a fresh --workdir."
+        )
+    return manifest
+
+
 def read_manifests(directory: Path) -> Manifest:
     """The manifests of every part merged into one (part 0 of 1), after checking that all parts are there, agree
     and cover shards 0 .. K-1 whose files exist."""

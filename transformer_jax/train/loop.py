@@ -41,7 +41,7 @@ from transformer_jax.accounting import count_parameters
 from transformer_jax.checkpoint import Checkpointer
 from transformer_jax.config import ModelConfig
 from transformer_jax.data.pipeline import RunData, build_run_data
-from transformer_jax.data.prepared import read_manifests
+from transformer_jax.data.prepared import check_prepared
 from transformer_jax.data.sources import check_splits_not_empty, source_from_config
 from transformer_jax.data.tokenizer import AnyTokenizer, load_or_train_shared_tokenizer
 from transformer_jax.errors import ConfigError
@@ -125,7 +125,7 @@ def assemble(
     source = source_from_config(data_cfg, splits)
     check_splits_not_empty(source, splits)
     if data_cfg.prepared:
-        read_manifests(Path(data_cfg.prepared))  # complete, else named here, before any work
+        check_prepared(data_cfg)  # complete and of this language pair, else named here, before any work
     try:  # the mesh, its rule table, this process's rows; the model must divide over them
         layout = sharding.make_layout(experiment.mesh.shape, experiment.mesh.rules, experiment.model)
     except ValueError as error:
@@ -142,6 +142,8 @@ def assemble(
         workdir.mkdir(parents=True, exist_ok=True)
         laps.lap("setup")
         tokenizer = load_or_train_shared_tokenizer(workdir, source, data_cfg, train_cfg.seed)
+        if data_cfg.prepared:
+            check_prepared(data_cfg, getattr(tokenizer, "fingerprint", "an imported Marian tokenizer"))
         model_cfg = tokenizer.model_config(experiment.model)  # its vocab_size is data.vocab_size, as checked above
         laps.lap("tokenizer")
         compiled = compiled_steps(model_cfg, experiment, layout.mesh, layout.rules)

@@ -1,0 +1,99 @@
+"""Prepared training data (data/prepared.py) against its oracles: SentencePiece on the text, and the batches the
+in-memory path makes from the same pairs; parts written separately read as one; bad directories are named."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import SMALL_CORPUS
+
+from transformer_jax.data.batching import TrainBatches
+from transformer_jax.data.prepared import PreparedPairs, manifest_name, prepare
+from transformer_jax.data.sources import source_from_config
+from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.errors import DataError
+from transformer_jax.experiment import DataConfig
+
+DATA = DataConfig(source="builtin", vocab_size=200, options={"split_sizes": SMALL_CORPUS})
+CHUNK = 400  # 1500 pairs: shards of 400, 400, 400, 300
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """The small builtin corpus prepared in two parts, as two hosts would."""
+    directory = tmp_path_factory.mktemp("prepared")
+    for part in range(2):
+        prepare(DATA, directory, seed=0, part=(part, 2), workers=1, chunk_pairs=CHUNK)
+    return directory
+
+
+def text_pairs():
+    return list(source_from_config(DATA, ("train",)).pairs("train"))
+
+
+def test_the_parts_read_as_the_tokenizers_ids_of_every_pair_in_order(prepared):
+    pairs = PreparedPairs(prepared)
+    assert pairs.manifest.shards == {0: 400, 1: 400, 2: 400, 3: 300}
+    assert sorted(path.name for path in prepared.glob("part-*")) == [manifest_name(0, 2), manifest_name(1, 2)]
+    processor = Tokenizer.from_bytes((prepared / "spm.model").read_bytes()).processor
+    text = text_pairs()
+    expected = [(processor.encode(source), processor.encode(target)) for source, target in text]
+    order = np.random.default_rng(0).permutation(len(text))  # random access across the shards of both parts
+    for index, (source, target) in zip(order, pairs.read(order)):
+        assert (source.tolist(), target.tolist()) == expected[index]
+    np.testing.assert_array_equal(pairs.lengths(), [(len(s), len(t)) for s, t in expected])
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_prepared_pairs_make_the_in_memory_paths_batches(prepared, pack):
+    """Same seed, same pairs: every batch of two epochs equal, on each of two shards."""
+    tokenizer = Tokenizer.from_bytes((prepared / "spm.model").read_bytes())
+    in_memory = tokenizer.encode_pairs(text_pairs())
+    options = dict(tokens_per_batch=256, max_len=24, seed=3, pack=pack, shard_count=2, batch_multiple=2)
+    for shard in range(2):
+        expected = TrainBatches(in_memory, shard_index=shard, **options)
+        actual = TrainBatches(PreparedPairs(prepared), shard_index=shard, **options)
+        assert actual.dropped == expected.dropped > 0
+        count = len(expected.epoch_plan(0)) + len(expected.epoch_plan(1))
+        for _ in range(count):
+            want, got = next(expected), next(actual)
+            assert want.keys() == got.keys()
+            for name in want:
+                np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+        assert actual.state() == expected.state() == {"epoch": 2, "index": 0}
+
+
+def test_incomplete_or_repeated_preparation_is_named(prepared, tmp_path):
+    with pytest.raises(DataError, match="no prepared training data"):
+        PreparedPairs(tmp_path)
+    with pytest.raises(DataError, match="already holds part-1-of-2.json"):
+        prepare(DATA, prepared, seed=0, part=(1, 2), workers=1, chunk_pairs=CHUNK)
+    (tmp_path / manifest_name(0, 2)).write_bytes((prepared / manifest_name(0, 2)).read_bytes())
+    with pytest.raises(DataError, match=r"not parts 0\.\.1 of 2.*--part I/2"):
+        PreparedPairs(tmp_path)
+
+
+def test_the_command_refuses_a_bad_part_and_training_a_direction_it_was_not_prepared_for(prepared, tmp_path):
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "transformer_jax", *args], capture_output=True, text=True, timeout=300
+        )
+
+    bad = run("prepare", "--config", "experiments/tiny.py", "--output", str(tmp_path / "p"), "--part", "2/2")
+    assert bad.returncode == 2 and "--part 2/2: give I/N with 0 <= I < N" in bad.stderr
+    assert not (tmp_path / "p").exists()
+    other_direction = run(
+        "train",
+        "--config",
+        "experiments/tiny.py",
+        "--workdir",
+        str(tmp_path / "run"),
+        f"--config.data.prepared={prepared}",
+        "--config.data.source_lang=de",
+        "--config.data.target_lang=en",
+        "--config.data.vocab_size=200",
+        f"--config.data.options.split_sizes={SMALL_CORPUS!r}",
+    )
+    assert other_direction.returncode == 1
+    assert "holds en->de pairs, but the run translates de->en" in other_direction.stderr
