@@ -97,3 +97,36 @@ def test_the_command_refuses_a_bad_part_and_training_a_direction_it_was_not_prep
     )
     assert other_direction.returncode == 1
     assert "holds en->de pairs, but the run translates de->en" in other_direction.stderr
+
+
+def test_tfds_is_a_text_source_of_prepare(tmp_path):
+    """`prepare` reads data.source=tfds through tfds.data_source, as training does (mocked: no dataset is built
+    here); the shards hold the tokenizer's ids of its pairs, English first."""
+    tfds = pytest.importorskip("tensorflow_datasets")
+    examples = [{"de": f"die Katze Nummer {i}".encode(), "en": f"the cat number {i}".encode()} for i in range(300)]
+    data = DataConfig(source="tfds", path=str(tmp_path), vocab_size=40, tokenizer_model_type="unigram")
+    with tfds.testing.mock_data(as_data_source_fn=lambda builder, split, **kwargs: examples, data_dir=str(tmp_path)):
+        prepare(data, tmp_path / "prepared", seed=0, part=(0, 1), workers=1, chunk_pairs=128)
+    pairs = PreparedPairs(tmp_path / "prepared")
+    processor = Tokenizer.from_bytes((tmp_path / "prepared" / "spm.model").read_bytes()).processor
+    read = pairs.read(np.arange(len(examples)))
+    assert [(source.tolist(), target.tolist()) for source, target in read] == [
+        (processor.encode(example["en"].decode()), processor.encode(example["de"].decode())) for example in examples
+    ]
+
+
+def test_a_position_saved_by_one_process_resumes_on_two(prepared):
+    """The data position is global: two processes restored from one process's state read the two halves of the
+    rows the one process would have read next (same data x fsdp size: rows a multiple of 2 either way)."""
+    options = dict(tokens_per_batch=256, max_len=24, seed=1, batch_multiple=2)
+    one = TrainBatches(PreparedPairs(prepared), **options)
+    for _ in range(len(one.epoch_plan(0)) - 2):
+        next(one)
+    saved = one.state()
+    two = [TrainBatches(PreparedPairs(prepared), shard_index=i, shard_count=2, **options) for i in range(2)]
+    for shard in two:
+        shard.restore(saved)
+    for _ in range(4):  # into the next epoch
+        whole, halves = next(one), [next(shard) for shard in two]
+        for name in whole:
+            np.testing.assert_array_equal(np.concatenate([half[name] for half in halves]), whole[name])

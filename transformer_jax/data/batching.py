@@ -79,11 +79,6 @@ def train_shapes(
     return {length: rows_for_length(length, tokens_per_batch, row_multiple) for length in reversed(boundaries)}
 
 
-def _with_eos(pieces: Sequence[int], max_len: int, eos_id: int) -> np.ndarray:
-    """pieces[:max_len - 1] + [eos] as int32 [length]."""
-    return np.append(np.asarray(pieces[: max_len - 1], np.int32), np.int32(eos_id))
-
-
 class _Layout(NamedTuple):
     """How pairs become rows: the longest side (eos included; longer ones are cut) and the special ids."""
 
@@ -93,28 +88,39 @@ class _Layout(NamedTuple):
     eos_id: int
 
     def batch(self, rows: Sequence[Sequence[TokenPair]], num_rows: int, length: int, packed: bool) -> Batch:
-        """Rows of pairs → arrays [num_rows, length]; rows past len(rows) are all padding."""
+        """Rows of pairs → arrays [num_rows, length]; rows past len(rows) are all padding. Vectorized over the
+        batch's tokens: each side's pieces are laid out flat, then scattered to (row, column)."""
         shape = (num_rows, length)
         arrays = {name: np.full(shape, self.pad_id, np.int32) for name in ("inputs", "targets", "decoder_inputs")}
         if packed:
             segments = ("inputs_segmentation", "inputs_position", "targets_segmentation", "targets_position")
             arrays.update({name: np.zeros(shape, np.int32) for name in segments})
-        for row, pairs in enumerate(rows):
-            source_start = target_start = 0
-            for segment, (source_pieces, target_pieces) in enumerate(pairs, start=1):
-                source = _with_eos(source_pieces, self.max_len, self.eos_id)
-                target = _with_eos(target_pieces, self.max_len, self.eos_id)
-                source_span = slice(source_start, source_start + len(source))
-                target_span = slice(target_start, target_start + len(target))
-                arrays["inputs"][row, source_span] = source
-                arrays["targets"][row, target_span] = target
-                arrays["decoder_inputs"][row, target_span] = np.concatenate([[self.bos_id], target[:-1]])
-                if packed:
-                    arrays["inputs_segmentation"][row, source_span] = segment
-                    arrays["inputs_position"][row, source_span] = np.arange(len(source))
-                    arrays["targets_segmentation"][row, target_span] = segment
-                    arrays["targets_position"][row, target_span] = np.arange(len(target))
-                source_start, target_start = source_span.stop, target_span.stop
+        pairs = [pair for row in rows for pair in row]
+        if not pairs:
+            return arrays
+        per_row = np.array([len(row) for row in rows])  # [rows] pairs in each row
+        row_first = np.repeat(np.cumsum(per_row) - per_row, per_row)  # [pairs] the first pair of its row
+        row_of = np.repeat(np.arange(len(rows)), per_row)  # [pairs]
+        for side, name in enumerate(("inputs", "targets")):
+            pieces = [pair[side][: self.max_len - 1] for pair in pairs]
+            sizes = np.array([len(piece) for piece in pieces]) + 1  # [pairs] with eos
+            ends = np.cumsum(sizes)
+            starts = ends - sizes  # [pairs] where each pair's tokens begin in `flat`
+            flat = np.full(ends[-1], self.eos_id, np.int32)  # [tokens] every pair's pieces and eos, one after another
+            is_piece = np.ones(ends[-1], bool)
+            is_piece[ends - 1] = False
+            flat[is_piece] = np.concatenate(pieces)
+            position = np.arange(ends[-1]) - np.repeat(starts, sizes)  # [tokens] within its pair
+            column = np.repeat(starts - starts[row_first], sizes) + position  # pairs of a row follow each other
+            row = np.repeat(row_of, sizes)
+            arrays[name][row, column] = flat
+            if side == 1:  # decoder inputs: the targets shifted right by one, each pair starting with bos
+                shifted = np.concatenate([[self.bos_id], flat[:-1]])
+                shifted[starts] = self.bos_id
+                arrays["decoder_inputs"][row, column] = shifted
+            if packed:
+                arrays[f"{name}_segmentation"][row, column] = np.repeat(np.arange(len(pairs)) - row_first + 1, sizes)
+                arrays[f"{name}_position"][row, column] = position
         return arrays
 
 
