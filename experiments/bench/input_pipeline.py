@@ -4,7 +4,8 @@
         --pairs 100000,1600000,6400000 --in-memory-up-to 1600000 --scratch /tmp/input_bench
 
 Makes WMT-like training pairs (two Multi30k pairs joined: about 24 words a side) in --scratch, then for each size:
-  - in memory: `train` with experiments/base.py, one layer each side, data.source=local, to its first update;
+  - in memory: `train` with experiments/base.py, one layer each side, data.source=local, batches of 4096 positions
+    a side (so the step's own memory stays small), to its first update;
   - prepared: `prepare` (its wall time and pairs/s, --workers processes), then the same `train` with data.prepared;
   - the input alone: this process's batches of base's batching (`TrainBatches` over the prepared pairs, 2 threads),
     real source + target tokens a second over --batches batches, and padded positions a second per side.
@@ -31,15 +32,16 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_file import write_results  # noqa: E402
 
-TRAIN_OVERRIDES = {  # base's batching and vocabulary, a one-layer model, stop after the first update
+TRAIN_OVERRIDES = {  # a one-layer base, batches of 4096 positions a side (the step's memory small beside the data's)
     "model.num_encoder_layers": "1",
+    "data.tokens_per_batch": "4096",
     "model.num_decoder_layers": "1",
     "data.source": "local",
     "data.vocab_size": "8000",
     "data.tokenizer_max_sentences": "200000",
     "data.max_eval_batches": "1",
     "train.steps": "1",
-    "train.eval_every": "0",
+    "train.eval_every": "100000",
     "train.bleu_every": "0",
     "train.final_bleu": "none",
     "train.checkpoint_every": "100000",
@@ -63,7 +65,7 @@ def write_pairs(multi30k: Path, scratch: Path, count: int) -> Path:
             for start in range(0, count, 100_000):
                 first, second = rng.integers(0, len(lines), (2, min(100_000, count - start)))
                 file.writelines(f"{lines[a]} {lines[b]}\n" for a, b in zip(first.tolist(), second.tolist()))
-        shutil.copyfile(multi30k / f"val.{lang}", directory / f"val.{lang}")
+        shutil.copyfile(multi30k / f"val.{lang}", directory / f"validation.{lang}")
     return directory
 
 

@@ -24,15 +24,15 @@ import functools
 import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import grain
 import numpy as np
 
 from transformer_jax.data.epoch_plan import EpochPlan, bucket_plan, pack_plan
+from transformer_jax.data.token_pairs import Ragged, TokenPair, TokenPairList, TokenPairs
 from transformer_jax.errors import DataError
 
-TokenPair = tuple[Sequence[int], Sequence[int]]  # (source pieces, target pieces), no bos/eos
 Batch = dict[str, np.ndarray]
 
 logger = logging.getLogger(__name__)
@@ -87,65 +87,42 @@ class _Layout(NamedTuple):
     bos_id: int
     eos_id: int
 
-    def batch(self, rows: Sequence[Sequence[TokenPair]], num_rows: int, length: int, packed: bool) -> Batch:
-        """Rows of pairs → arrays [num_rows, length]; rows past len(rows) are all padding. Vectorized over the
-        batch's tokens: each side's pieces are laid out flat, then scattered to (row, column)."""
+    def batch(
+        self, per_row: np.ndarray, sources: Ragged, targets: Ragged, num_rows: int, length: int, packed: bool
+    ) -> Batch:
+        """Pairs → arrays [num_rows, length]: the first per_row[0] pairs fill row 0, the next per_row[1] row 1, ...;
+        rows past len(per_row) are all padding. Vectorized over the batch's tokens: each side is laid out flat with
+        its eos, then scattered to (row, column)."""
         shape = (num_rows, length)
         arrays = {name: np.full(shape, self.pad_id, np.int32) for name in ("inputs", "targets", "decoder_inputs")}
         if packed:
             segments = ("inputs_segmentation", "inputs_position", "targets_segmentation", "targets_position")
             arrays.update({name: np.zeros(shape, np.int32) for name in segments})
-        pairs = [pair for row in rows for pair in row]
-        if not pairs:
+        if not per_row.sum():
             return arrays
-        per_row = np.array([len(row) for row in rows])  # [rows] pairs in each row
         row_first = np.repeat(np.cumsum(per_row) - per_row, per_row)  # [pairs] the first pair of its row
-        row_of = np.repeat(np.arange(len(rows)), per_row)  # [pairs]
-        for side, name in enumerate(("inputs", "targets")):
-            pieces = [pair[side][: self.max_len - 1] for pair in pairs]
-            sizes = np.array([len(piece) for piece in pieces]) + 1  # [pairs] with eos
+        row_of = np.repeat(np.arange(len(per_row)), per_row)  # [pairs]
+        for name, side in (("inputs", sources), ("targets", targets)):
+            pieces = side.truncated(self.max_len - 1)
+            sizes = pieces.lengths + 1  # [pairs] with eos
             ends = np.cumsum(sizes)
             starts = ends - sizes  # [pairs] where each pair's tokens begin in `flat`
             flat = np.full(ends[-1], self.eos_id, np.int32)  # [tokens] every pair's pieces and eos, one after another
             is_piece = np.ones(ends[-1], bool)
             is_piece[ends - 1] = False
-            flat[is_piece] = np.concatenate(pieces)
+            flat[is_piece] = pieces.tokens
             position = np.arange(ends[-1]) - np.repeat(starts, sizes)  # [tokens] within its pair
             column = np.repeat(starts - starts[row_first], sizes) + position  # pairs of a row follow each other
             row = np.repeat(row_of, sizes)
             arrays[name][row, column] = flat
-            if side == 1:  # decoder inputs: the targets shifted right by one, each pair starting with bos
+            if name == "targets":  # decoder inputs: the targets shifted right by one, each pair starting with bos
                 shifted = np.concatenate([[self.bos_id], flat[:-1]])
                 shifted[starts] = self.bos_id
                 arrays["decoder_inputs"][row, column] = shifted
             if packed:
-                arrays[f"{name}_segmentation"][row, column] = np.repeat(np.arange(len(pairs)) - row_first + 1, sizes)
+                arrays[f"{name}_segmentation"][row, column] = np.repeat(np.arange(len(row_of)) - row_first + 1, sizes)
                 arrays[f"{name}_position"][row, column] = position
         return arrays
-
-
-class TokenPairs(Protocol):
-    """Encoded training pairs with random access: in memory (`TokenPairList`) or prepared on disk
-    (data/prepared.PreparedPairs)."""
-
-    def lengths(self) -> np.ndarray:
-        """[pairs, 2]: the pieces of each pair's source and target, without eos."""
-
-    def read(self, indices: np.ndarray) -> list[TokenPair]:
-        """The pairs at `indices` [count], in that order."""
-
-
-class TokenPairList:
-    """TokenPairs over a sequence of (source pieces, target pieces)."""
-
-    def __init__(self, pairs: Sequence[TokenPair]):
-        self.pairs = pairs
-
-    def lengths(self) -> np.ndarray:
-        return np.array([(len(source), len(target)) for source, target in self.pairs], np.int64).reshape(-1, 2)
-
-    def read(self, indices: np.ndarray) -> list[TokenPair]:
-        return [self.pairs[index] for index in indices.tolist()]
 
 
 class _EpochPairs(NamedTuple):
@@ -262,8 +239,9 @@ class TrainBatches:
         length = int(plan.lengths[batch])
         num_rows = self.rows[length] // self.shard_count
         rows = plan.rows(batch, self.shard_index * num_rows, num_rows)
-        read = iter(pairs.read(np.concatenate(rows))) if rows else iter(())
-        return self._layout.batch([[next(read) for _ in row] for row in rows], num_rows, length, self.pack)
+        per_row = np.array([len(row) for row in rows], np.int64)
+        sources, targets = pairs.read(np.concatenate(rows) if rows else np.zeros(0, np.int64))
+        return self._layout.batch(per_row, sources, targets, num_rows, length, self.pack)
 
     def __iter__(self) -> Iterator[Batch]:
         return self
@@ -305,8 +283,8 @@ def eval_batches(
     layout = _Layout(max_len, pad_id, bos_id, eos_id)
     for start in range(0, len(pairs), batch_size):
         indices = np.arange(start, min(start + batch_size, len(pairs)))
-        rows = [[pairs[index]] for index in indices.tolist()]
-        longest = min(max(max(len(source), len(target)) + 1 for [(source, target)] in rows), max_len)
+        sources, targets = TokenPairList([pairs[index] for index in indices.tolist()]).read(np.arange(len(indices)))
+        longest = min(int(max(sources.lengths.max(), targets.lengths.max())) + 1, max_len)
         length = boundaries[int(np.searchsorted(boundaries, longest))]
-        batch = layout.batch(rows, batch_size, length, packed=False)
+        batch = layout.batch(np.ones(len(indices), np.int64), sources, targets, batch_size, length, packed=False)
         yield np.pad(indices, (0, batch_size - len(indices)), constant_values=-1).astype(np.int32), batch

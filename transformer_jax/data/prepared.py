@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from transformer_jax.data.pairs import Pair
+from transformer_jax.data.token_pairs import Ragged, gather
 from transformer_jax.errors import DataError
 from transformer_jax.experiment import DataConfig
 
@@ -150,8 +151,9 @@ def write_prepared(
 
 
 class PreparedPairs:
-    """The prepared training pairs of a directory, by index (data.batching.TokenPairs): lengths in memory
-    (8 bytes a pair), pieces read from the shards when a batch needs them."""
+    """The prepared training pairs of a directory, by index (data.token_pairs.TokenPairs): lengths in memory
+    (8 bytes a pair), pieces read from the shards when a batch needs them (each record starts with its source
+    length; the lengths in memory say the same, so a batch's records are split without a loop)."""
 
     def __init__(self, directory: str | Path):
         import grain
@@ -172,12 +174,15 @@ class PreparedPairs:
     def lengths(self) -> np.ndarray:
         return self._lengths.astype(np.int64)
 
-    def read(self, indices: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-        pairs = []
-        for record in self._records.__getitems__(indices.tolist()):
-            pieces = np.frombuffer(record, self._dtype)
-            pairs.append((pieces[1 : 1 + pieces[0]], pieces[1 + pieces[0] :]))
-        return pairs
+    def read(self, indices: np.ndarray) -> tuple[Ragged, Ragged]:
+        records = np.frombuffer(
+            b"".join(self._records.__getitems__(indices.tolist()) if len(indices) else []), self._dtype
+        )
+        source_lengths, target_lengths = self._lengths[indices].T
+        starts = np.cumsum(1 + source_lengths + target_lengths) - (1 + source_lengths + target_lengths)
+        sources = Ragged(gather(records, starts + 1, source_lengths).astype(np.int32), source_lengths)
+        targets = Ragged(gather(records, starts + 1 + source_lengths, target_lengths).astype(np.int32), target_lengths)
+        return sources, targets
 
 
 def check_prepared(data: DataConfig, tokenizer_fingerprint: str | None = None) -> Manifest:
