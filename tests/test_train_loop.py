@@ -110,6 +110,26 @@ def test_a_run_with_sampled_segmentations_resumes_with_the_same_losses(uninterru
     assert whole["step"] == STEPS
 
 
+def test_a_run_from_prepared_data_resumes_with_the_in_memory_runs_losses(uninterrupted, tmp_path):
+    """data.prepared (the training split encoded once by `prepare`): the same batches as encoding at start-up, so the
+    same losses, through a SIGTERM stop and a resume from the checkpoint's data position."""
+    from transformer_jax.data.prepared import prepare
+
+    config = small_config()
+    prepare(config.data, tmp_path / "prepared", seed=config.train.seed, part=(0, 1), workers=1, chunk_pairs=500)
+    prepared = {"data.prepared": str(tmp_path / "prepared")}
+
+    def send_sigterm(update, metrics):
+        if update == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    assert loop.train(small_config(**prepared), tmp_path / "run", on_update=send_sigterm)["interrupted"]
+    assert loop.train(small_config(**prepared), tmp_path / "run")["start_step"] >= 2
+    resumed, reference = train_losses(tmp_path / "run"), train_losses(uninterrupted[0])
+    for step in range(1, STEPS + 1):
+        assert resumed[step] == pytest.approx(reference[step], abs=1e-6, rel=0), step
+
+
 def test_checkpoint_of_another_shape_is_refused_and_nothing_is_overwritten(uninterrupted):
     workdir = uninterrupted[0]
     before = snapshot(workdir)

@@ -126,7 +126,8 @@ class _Layout(NamedTuple):
 
 
 class _EpochPairs(NamedTuple):
-    """One epoch's pairs, their lengths with eos [pairs, 2], and the indices of those at most max_len long."""
+    """One epoch's pairs, their lengths with eos [pairs, 2], and the indices of those at most max_len long (the
+    smallest unsigned type that holds them: an epoch of 36M pairs plans in a few hundred MB)."""
 
     pairs: TokenPairs
     lengths: np.ndarray
@@ -134,8 +135,8 @@ class _EpochPairs(NamedTuple):
 
     @classmethod
     def of(cls, pairs: TokenPairs, max_len: int) -> _EpochPairs:
-        lengths = pairs.lengths() + 1
-        kept = np.flatnonzero(lengths.max(axis=1) <= max_len)
+        lengths = pairs.lengths() + 1  # [pairs, 2] int32
+        kept = np.flatnonzero(lengths.max(axis=1) <= max_len).astype(np.min_scalar_type(len(lengths)))
         if not len(kept):
             raise DataError(f"No pair is at most max_len={max_len} tokens long (eos included); raise data.max_len.")
         return cls(pairs, lengths, kept)

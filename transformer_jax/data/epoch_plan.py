@@ -17,11 +17,12 @@ from transformer_jax.data.packing import Row, pack_rows
 @dataclasses.dataclass(frozen=True)
 class EpochPlan:
     """Batch b has length `lengths[b]` and rows `first_row[b] .. first_row[b + 1] - 1`; row r holds the pairs
-    `pairs[row_start[r]:row_start[r + 1]]` (one pair a row when bucketing, several when packing)."""
+    `pairs[row_start[r]:row_start[r + 1]]` (several when packing), or pair r alone where row_start is None
+    (bucketing)."""
 
     lengths: np.ndarray  # [batches] the bucket length of each batch
     first_row: np.ndarray  # [batches + 1] into row_start
-    row_start: np.ndarray  # [rows + 1] into pairs
+    row_start: np.ndarray | None  # [rows + 1] into pairs; None: one pair a row
     pairs: np.ndarray  # [pairs] pair indices, row by row
 
     def __len__(self) -> int:
@@ -31,6 +32,8 @@ class EpochPlan:
         """The pair indices of rows first .. first + count - 1 of `batch` (fewer where the batch has fewer)."""
         start = self.first_row[batch] + first
         stop = self.first_row[batch + 1] if count is None else min(start + count, self.first_row[batch + 1])
+        if self.row_start is None:
+            return [self.pairs[row : row + 1] for row in range(start, stop)]
         return [self.pairs[self.row_start[row] : self.row_start[row + 1]] for row in range(start, stop)]
 
     def __iter__(self) -> Iterator[tuple[int, list[Row]]]:
@@ -67,7 +70,7 @@ def bucket_plan(order: np.ndarray, longer_side: np.ndarray, rows: Mapping[int, i
     return EpochPlan(
         np.concatenate(lengths)[by_closing],
         np.concatenate([[0], ends]).astype(np.int64),
-        np.arange(len(order) + 1),
+        None,
         order[grouped[positions]],
     )
 

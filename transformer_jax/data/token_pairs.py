@@ -46,7 +46,7 @@ class TokenPairs(Protocol):
     """Encoded training pairs with random access."""
 
     def lengths(self) -> np.ndarray:
-        """[pairs, 2]: the pieces of each pair's source and target, without eos."""
+        """[pairs, 2] int32: the pieces of each pair's source and target, without eos."""
 
     def read(self, indices: np.ndarray) -> tuple[Ragged, Ragged]:
         """The sources and the targets of the pairs at `indices` [count], in that order."""
@@ -61,7 +61,7 @@ class TokenPairList:
         self._starts = [np.cumsum(side.lengths) - side.lengths for side in self._sides]
 
     def lengths(self) -> np.ndarray:
-        return np.stack([side.lengths for side in self._sides], axis=1).reshape(-1, 2)
+        return np.stack([side.lengths for side in self._sides], axis=1).reshape(-1, 2).astype(np.int32)
 
     def read(self, indices: np.ndarray) -> tuple[Ragged, Ragged]:
         source, target = (
