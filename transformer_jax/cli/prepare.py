@@ -1,4 +1,4 @@
-"""`prepare`: the training split tokenized once into sharded ArrayRecord files (data/prepared.py), for data at scale."""
+"""`prepare`: the training split tokenized once into sharded, memory-mapped token files (data/prepared.py)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def _run_prepare(args: argparse.Namespace) -> None:
 COMMANDS = (
     Command(
         "prepare",
-        help="Tokenize the training split once into sharded ArrayRecord files that training reads by index.",
+        help="Tokenize the training split once into sharded token files that training reads by index.",
         declare=_declare_prepare,
         run=_run_prepare,
         note="The tokenizer is trained as `train` trains it (or the output's spm.model is reused); validation and test "

@@ -1,4 +1,4 @@
-"""Training pairs tokenized once, offline, into sharded NumPy files that every process reads by index, memory-mapped.
+"""Training pairs tokenized once, offline, into sharded NumPy files that every process reads by index.
 
     transformer-jax prepare --config experiments/base.py --output DIR      # then train with data.prepared=DIR
 
@@ -14,10 +14,10 @@ hosts prepares with `--part I/N` on each: every part reads the text and encodes 
 in a worker process; the data is complete when all N manifests are there.
 
 The layout of Megatron-LM's indexed datasets and nanoGPT's token files rather than ArrayRecord: a batch reads a
-thousand pairs scattered over every shard, which a memory map serves with a few array operations, while an
-ArrayRecord reader costs about 4.5 ms of CPU a read call (one per shard a batch) and 6.5 µs a record
-(experiments/bench/input_pipeline.py). The processes of a host share the mapped pages (the page cache), which the
-kernel reclaims under pressure; a process's own memory is the lengths (8 bytes a pair) and the epoch's plan.
+thousand pairs scattered over every shard, one `pread` of about 1.5 µs each, while an ArrayRecord reader costs
+about 4.5 ms of CPU a read call (one per shard a batch) and 6.5 µs a record. Not memory-mapped: a mapping counts
+every page the kernel maps around a fault in the process's RSS (a batch of 1000 pairs mapped 640 MB here). A process's
+own memory is the lengths (12 bytes a pair with the starts) and the epoch's plan; the page cache is shared.
 """
 
 from __future__ import annotations
@@ -152,8 +152,9 @@ def write_prepared(
 
 
 class PreparedPairs:
-    """The prepared training pairs of a directory, by index (data.token_pairs.TokenPairs): the lengths in memory
-    (12 bytes a pair with where each pair starts), the pieces memory-mapped and read when a batch needs them."""
+    """The prepared training pairs of a directory, by index (data.token_pairs.TokenPairs): the lengths and where each
+    pair starts in memory (12 bytes a pair), the pieces read from the shards with one `pread` a pair when a batch needs
+    them (the page cache is the kernel's, shared by the processes of a host)."""
 
     def __init__(self, directory: str | Path):
         self.directory = Path(directory)
@@ -161,10 +162,10 @@ class PreparedPairs:
         shards = sorted(self.manifest.shards)
         lengths = [np.load(self.directory / f"{shard_name(shard)}.lengths.npy").reshape(-1, 2) for shard in shards]
         self._lengths = np.concatenate(lengths)  # [pairs, 2]
-        # [pairs] where each pair's pieces start in its shard's tokens
-        self._starts = np.concatenate([np.cumsum(pairs.sum(axis=1)) - pairs.sum(axis=1) for pairs in lengths])
+        self._starts = np.concatenate([_starts(pairs) for pairs in lengths])  # [pairs] in its shard's tokens
         self._first = np.cumsum([0] + [len(pairs) for pairs in lengths])  # [shards + 1] each shard's first pair
-        self._tokens = [np.load(self.directory / f"{shard_name(shard)}.tokens.npy", mmap_mode="r") for shard in shards]
+        self._dtype = np.dtype(self.manifest.dtype)
+        self._files = [_TokenFile(self.directory / f"{shard_name(shard)}.tokens.npy") for shard in shards]
 
     def __len__(self) -> int:
         return len(self._lengths)
@@ -174,28 +175,41 @@ class PreparedPairs:
 
     def read(self, indices: np.ndarray) -> tuple[Ragged, Ragged]:
         source_lengths, target_lengths = self._lengths[indices].T
-        shard_of = np.searchsorted(self._first, indices, side="right") - 1  # [count]
-        by_shard = np.argsort(shard_of, kind="stable")  # positions, shard by shard
-        sides: list[list[np.ndarray]] = [[], []]
-        for shard in np.unique(shard_of).tolist():
-            where = by_shard[shard_of[by_shard] == shard]
-            starts = self._starts[indices[where]]
-            sides[0].append(gather(self._tokens[shard], starts, source_lengths[where]))
-            sides[1].append(gather(self._tokens[shard], starts + source_lengths[where], target_lengths[where]))
-        back = np.empty_like(by_shard)
-        back[by_shard] = np.arange(len(by_shard))  # [count] each pair's place among the pairs read shard by shard
-        sources, targets = (
-            Ragged(_in_order(pieces, lengths[by_shard], back), lengths)
-            for pieces, lengths in ((sides[0], source_lengths), (sides[1], target_lengths))
+        shards = (np.searchsorted(self._first, indices, side="right") - 1).tolist()
+        starts, sizes = self._starts[indices].tolist(), (source_lengths + target_lengths).tolist()
+        pairs = np.frombuffer(
+            b"".join(self._files[shard].read(start, size) for shard, start, size in zip(shards, starts, sizes)),
+            self._dtype,
+        )  # every pair's source then target pieces, end to end
+        pair_starts = np.cumsum(source_lengths + target_lengths) - (source_lengths + target_lengths)
+        return (
+            Ragged(gather(pairs, pair_starts, source_lengths).astype(np.int32), source_lengths),
+            Ragged(gather(pairs, pair_starts + source_lengths, target_lengths).astype(np.int32), target_lengths),
         )
-        return sources, targets
 
 
-def _in_order(pieces: list[np.ndarray], lengths_read: np.ndarray, back: np.ndarray) -> np.ndarray:
-    """The sequences read shard by shard (`pieces` end to end, `lengths_read`), put back in the order asked for."""
-    read = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
-    starts = np.cumsum(lengths_read) - lengths_read
-    return gather(read, starts[back], lengths_read[back]).astype(np.int32)
+class _TokenFile:
+    """A shard's tokens.npy, read by ranges of tokens."""
+
+    def __init__(self, path: Path):
+        with open(path, "rb") as file:
+            version = np.lib.format.read_magic(file)
+            header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            self.itemsize = header(file)[2].itemsize
+            self.offset = file.tell()  # where the array's data begins
+        self.descriptor = os.open(path, os.O_RDONLY)
+
+    def read(self, start: int, count: int) -> bytes:
+        return os.pread(self.descriptor, count * self.itemsize, self.offset + start * self.itemsize)
+
+    def __del__(self) -> None:
+        os.close(self.descriptor)
+
+
+def _starts(lengths: np.ndarray) -> np.ndarray:
+    """[pairs] where each pair of a shard starts in its tokens, in the smallest unsigned type that holds them."""
+    ends = np.cumsum(lengths.sum(axis=1, dtype=np.int64))
+    return (ends - lengths.sum(axis=1)).astype(np.min_scalar_type(int(ends[-1]) if len(ends) else 0))
 
 
 def check_prepared(data: DataConfig, tokenizer_fingerprint: str | None = None) -> Manifest:
