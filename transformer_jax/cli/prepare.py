@@ -1,4 +1,4 @@
-"""`prepare`: the training split tokenized once into sharded, memory-mapped token files (data/prepared.py)."""
+"""`prepare`: the training split tokenized once into sharded token files read by index (data/prepared.py)."""
 
 from __future__ import annotations
 
