@@ -268,7 +268,7 @@ def prepare(
     from tqdm import tqdm
 
     from transformer_jax.data.sources import check_splits_not_empty, source_from_config
-    from transformer_jax.data.tokenizer import load_or_train_tokenizer
+    from transformer_jax.data.tokenizer import load_or_train_run_tokenizer
 
     source = source_from_config(data, splits=("train",))
     check_splits_not_empty(source, splits=("train",))
@@ -276,15 +276,7 @@ def prepare(
     existing = sorted(path.name for path in output.glob("part-*-of-*.json"))
     if manifest_name(*part) in existing:
         raise DataError(f"{output} already holds {manifest_name(*part)}; give a fresh --output (or delete it).")
-    tokenizer = load_or_train_tokenizer(
-        output,
-        source.pairs("train"),
-        data.vocab_size,
-        model_type=data.tokenizer_model_type,
-        normalization=data.tokenizer_normalization,
-        max_sentences=data.tokenizer_max_sentences,
-        seed=seed,
-    )
+    tokenizer = load_or_train_run_tokenizer(output, source.pairs("train"), data, seed)
 
     dtype = record_dtype(tokenizer.vocab_size).name
     with tqdm(desc=f"prepare part {part[0]}/{part[1]}", unit=" pairs", unit_scale=True, mininterval=5) as bar:

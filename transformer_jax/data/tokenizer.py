@@ -277,6 +277,19 @@ def load_or_train_tokenizer(
     return tokenizer
 
 
+def load_or_train_run_tokenizer(directory: Path, pairs: Iterable[Pair], data: DataConfig, seed: int) -> Tokenizer:
+    """`load_or_train_tokenizer` with the data section's vocabulary options: the model `train` and `prepare` make."""
+    return load_or_train_tokenizer(
+        directory,
+        pairs,
+        data.vocab_size,
+        model_type=data.tokenizer_model_type,
+        normalization=data.tokenizer_normalization,
+        max_sentences=data.tokenizer_max_sentences,
+        seed=seed,
+    )
+
+
 def load_or_train_shared_tokenizer(workdir: Path, source, data: DataConfig, seed: int) -> AnyTokenizer:
     """`load_or_train_tokenizer` for a run of one or more processes: process 0 loads or trains {workdir}/spm.model
     on the source's training pairs (or copies data.prepared's, which encoded them); the other processes wait for it,
@@ -298,15 +311,7 @@ def load_or_train_shared_tokenizer(workdir: Path, source, data: DataConfig, seed
                 raise DataError(f"data.prepared={data.prepared!r} has no {MODEL_FILENAME}: is it a `prepare` output?")
             workdir.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(prepared, workdir / MODEL_FILENAME)
-        tokenizer = load_or_train_tokenizer(
-            workdir,
-            source.pairs("train"),
-            data.vocab_size,
-            model_type=data.tokenizer_model_type,
-            normalization=data.tokenizer_normalization,
-            max_sentences=data.tokenizer_max_sentences,
-            seed=seed,
-        )
+        tokenizer = load_or_train_run_tokenizer(workdir, source.pairs("train"), data, seed)
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
