@@ -53,11 +53,12 @@ test-isa: venv-test
 test-lowest: .venv-lowest/constraints.txt
 	$(MAKE) test VENV=.venv-lowest PYTHON=$(LOWEST_PYTHON) CONSTRAINTS=.venv-lowest/constraints.txt
 
-# Planning pod runs on this machine (transformer_jax/plan.py) compiles for TPU slices with the TPU compiler, libtpu,
-# which runs without a TPU; its own venv, as each jax release pins one libtpu. TPU_JAX is the newest jax whose libtpu
-# the registry serves (jax 0.12.1 pins libtpu 0.0.53, not published yet; unpinned, pip backtracks for many minutes).
+# Planning pod runs on this machine (transformer_jax/plan/) compiles for TPU slices with the TPU compiler, libtpu,
+# which runs without a TPU, and for NVIDIA GPUs with jax's CUDA plugin, which runs without a GPU or CUDA; its own
+# venv, as each jax release pins one libtpu and one plugin. TPU_JAX is the newest jax whose libtpu the registry serves
+# (jax 0.12.1 pins libtpu 0.0.53, not published yet; unpinned, pip backtracks for many minutes).
 TPU_VENV ?= .venv-tpu
-TPU_JAX ?= jax[tpu]==0.12.0.1
+TPU_JAX ?= jax[tpu,cuda12-local]==0.12.0.1
 TPU_STAMP := $(TPU_VENV)/.installed-$(HASH)
 
 $(TPU_VENV)/bin/python:

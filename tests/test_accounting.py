@@ -30,6 +30,12 @@ def test_big_matrix_weights_exact():
     assert counted.total == 214_171_648  # the paper's Table 3 says 213M
 
 
+def test_a_matrix_of_more_than_2_to_the_31_entries_is_counted_whole():
+    """A 4M-token vocabulary at d_model 2048: an embedding of 2**33 entries (int32 arithmetic would count 0)."""
+    counted = count_parameters(tiny(vocab_size=2**22, d_model=2048, num_heads=4))
+    assert counted.matrices["embed"] == 2**33
+
+
 def test_attention_biases_and_unshared_embeddings_add_what_they_should():
     cfg = tiny()
     plain = count_parameters(cfg)

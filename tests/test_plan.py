@@ -1,8 +1,9 @@
-"""plan.py: the train step compiled for a TPU slice on a machine without one.
+"""plan/: the train step compiled for a TPU slice or GPU node on a machine without one.
 
 The target names, the roofline arithmetic, the tile sizes, the compiler's out-of-memory message and the meshes of a
-slice are checked everywhere. The compiles need the TPU compiler (libtpu, `pip install 'jax[tpu]'`; `make test-plan`
-builds a venv with it): without it those tests are skipped, saying so.
+slice are checked everywhere. The compiles need the TPU compiler (libtpu, `pip install 'jax[tpu]'`) or, for GPUs,
+jax's CUDA plugin (`pip install 'jax[cuda12-local]'`); `make test-plan` builds a venv with both: without them those
+tests are skipped, saying so.
 """
 
 import json
@@ -38,6 +39,8 @@ OOM_MESSAGE = (
         ("v6e:16x16", "v6e", (16, 16), 256),
         ("v4:2x2x2", "v4", (2, 2, 2), 8),
         ("v5p:2x2x4", "v5p", (2, 2, 4), 16),
+        ("h100:8", "h100", (8,), 8),
+        ("A100:2x8", "a100", (2, 8), 16),
     ],
 )
 def test_target_names(name, generation, topology, chips):
@@ -46,18 +49,27 @@ def test_target_names(name, generation, topology, chips):
     assert target.name == name.strip().lower() and target.chip is planning.CHIPS[generation]
 
 
-@pytest.mark.parametrize("name", ["v5e", "v5e-8", "v5litepod-4", "v7:2x2", "h100:8", "v5e:2x2x2", "v5p:2x2", "v5e:0x2"])
+@pytest.mark.parametrize(
+    "name",
+    ["v5e", "v5e-8", "v5litepod-4", "v7:2x2", "h200:8", "h100:1x2x8", "v5e:2x2x2", "v5p:2x2", "v5e:0x2", "a100:0"],
+)
 def test_a_bad_target_is_one_clear_error(name):
     with pytest.raises(UserError) as error:
         planning.parse_target(name)
     message = str(error.value)
-    assert repr(name) in message and "v5e:2x2" in message and "v5p:2x2x4" in message  # the valid forms
+    assert repr(name) in message and all(form in message for form in ("v5e:2x2", "v5p:2x2x4", "h100:8"))
 
 
 def test_without_libtpu_the_error_says_how_to_get_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "libtpu", None)  # `import libtpu` raises ImportError
     with pytest.raises(UserError, match=r"pip install 'jax\[tpu\]'"):
         planning.target_devices(planning.parse_target("v5e:2x2"))
+
+
+def test_without_the_cuda_plugin_the_error_says_how_to_get_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "jax_cuda12_plugin", None)
+    with pytest.raises(UserError, match=r"pip install 'jax\[cuda12-local\]'"):
+        planning.target_devices(planning.parse_target("h100:8"))
 
 
 def test_roofline_by_hand():
@@ -325,3 +337,53 @@ def test_the_plan_command_plans_a_translation_batch(v5e_2x2, tmp_path, capsys):
     assert "give it with --decode" in capsys.readouterr().err
     assert cli.main([*argv[:-2], "--source-length", "33", *overrides]) == 2  # past the model's max_len, 32
     assert "model.max_len=32" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------- with the GPU compiler
+
+
+@pytest.fixture(scope="module")
+def h100_8():
+    pytest.importorskip(
+        "jax_cuda12_plugin", reason="jax's CUDA plugin is not installed: `make test-plan` runs these in .venv-tpu"
+    )
+    return planning.target_devices(planning.parse_target("h100:8"))
+
+
+def test_gpu_targets_are_the_gpus_the_compiler_is_told_of(h100_8):
+    assert [device.device_kind for device in h100_8] == ["NVIDIA H100 80GB HBM3"] * 8
+    two_nodes = planning.target_devices(planning.parse_target("a100:2x8"))
+    assert len(two_nodes) == 16 and {device.device_kind for device in two_nodes} == {"NVIDIA A100-SXM4-80GB"}
+    assert sorted({device.process_index for device in two_nodes}) == [0, 1]  # a host per node
+
+
+def test_a_tiny_gpu_plan_holds_the_shards_of_our_rules_and_counts_its_flops(h100_8):
+    """Data parallel over 8 GPUs: each holds the whole state and 1/8 of the batch; a GPU has no tiles, so the
+    arguments are the plain shard sizes; the FLOPs come from XLA's cost analysis of the GPU program."""
+    experiment = load_experiment(TINY, _tiny(**{"mesh.data": 8, "data.tokens_per_batch": 1024}))
+    report = planning.plan(experiment, "h100:8", devices=h100_8)
+    text = planning.format_report(report)
+    print(text)
+    (bucket,) = report.buckets
+    params = count_parameters(experiment.model).total
+    assert report.state_bytes["params"] == params * 4 and report.state_bytes["optimizer"] == 2 * params * 4 + 2 * 4
+    assert report.batch_bytes == {32: 7 * (32 // 8) * 32 * 4}  # 32 rows of 32, packed: 7 int32 arrays
+    assert report.state_bytes["other"] == 4 + 8  # the step counter and the dropout key
+    # The whole state and this GPU's rows, as the compiler lays them out.
+    expected = sum(report.state_bytes.values()) + report.batch_bytes[32]
+    assert bucket.argument_bytes == bucket.expected_argument_bytes == expected
+    assert bucket.fits and bucket.hbm_bytes == 80 * 2**30
+    assert bucket.flops > bucket.analytic_flops > 0 and bucket.bytes_accessed > bucket.argument_bytes
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION" in text
+
+
+def test_a_model_larger_than_a_gpu_is_reported_as_not_fitting(h100_8):
+    """About 8.6e9 parameters (d_model 2048, a 4M-token vocabulary): 16 B each for the state and its gradient,
+    137 GB on an 80 GiB GPU. The GPU compiler does not refuse it; the memory analysis says it does not fit."""
+    changes = {"data.vocab_size": 2**22, "model.d_model": 2048, "model.num_heads": 4, "model.d_ff": 512}
+    experiment = load_experiment(TINY, _tiny(**{"mesh.data": 8, **changes}))
+    report = planning.plan(experiment, "h100:8", devices=h100_8)
+    (bucket,) = report.buckets
+    assert not bucket.fits and not report.fits
+    assert bucket.needed_bytes > 16 * count_parameters(experiment.model).total > 80 * 2**30
+    assert bucket.headroom_bytes == 80 * 2**30 - bucket.needed_bytes < 0

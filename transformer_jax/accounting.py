@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 
 import flax.linen as nn
 import jax
@@ -42,7 +43,7 @@ def count_parameters(config: ModelConfig) -> ParameterCount:
     vectors: dict[str, int] = collections.Counter()
     for path, leaf in jax.tree_util.tree_leaves_with_path(parameter_shapes(config)):
         component = path[0].key
-        size = int(jnp.prod(jnp.array(leaf.shape)))
+        size = math.prod(leaf.shape)  # not jnp.prod: int32 wraps at 2**31 (a 4M x 2048 embedding counted 0)
         (matrices if len(leaf.shape) >= 2 else vectors)[component] += size
     return ParameterCount(dict(matrices), dict(vectors))
 

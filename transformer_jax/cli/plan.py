@@ -1,5 +1,5 @@
-"""`plan`: the run's train step (or, --decode, its beam search) compiled for a TPU slice on this machine; what fits
-per chip, how fast it could go."""
+"""`plan`: the run's train step (or, --decode, its beam search) compiled for a TPU slice or GPU node on this machine;
+what fits per chip, how fast it could go."""
 
 from __future__ import annotations
 
@@ -15,7 +15,11 @@ from transformer_jax.errors import ArgumentError
 
 def _declare_plan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="experiment file with get_config(), e.g. experiments/big.py")
-    parser.add_argument("--target", required=True, help="a TPU slice, GENERATION:TOPOLOGY (v5e:2x2, v5p:2x2x2, ...)")
+    parser.add_argument(
+        "--target",
+        required=True,
+        help="a TPU slice, GENERATION:TOPOLOGY (v5e:2x2, v5p:2x2x2, ...), or GPUs (h100:8, a100:2x8: 2 nodes of 8)",
+    )
     parser.add_argument(
         "--lengths",
         default=None,
@@ -105,14 +109,15 @@ def _run_plan(args: argparse.Namespace) -> None:
 COMMANDS = (
     Command(
         "plan",
-        help="Compile the train step for a TPU slice on this machine: memory per chip, FLOPs, a speed estimate.",
+        help="Compile the train step for a TPU slice or GPUs on this machine: memory per chip, FLOPs, speed estimate.",
         declare=_declare_plan,
         run=_run_plan,
-        note="Needs the TPU compiler (`make test-plan` builds .venv-tpu with it); override config fields with "
-        "--config.section.field=value, as for train.",
+        note="Needs the TPU compiler, or for GPUs jax's CUDA plugin (`make test-plan` builds .venv-tpu with both); "
+        "override config fields with --config.section.field=value, as for train.",
         examples=(
             "transformer-jax plan --config experiments/base.py --target v5e:2x2 --config.model.dtype=bfloat16",
             "transformer-jax plan --config experiments/big.py --target v5e:4x4 --search --lengths 32,256",
+            "transformer-jax plan --config experiments/big.py --target h100:8 --config.model.dtype=bfloat16",
             "transformer-jax plan --config experiments/base.py --target v5e:2x2 --decode --source-length 128",
         ),
     ),

@@ -1,7 +1,7 @@
-"""Pods on paper: compile a run's real train step for a TPU slice on a machine without one, and say what fits and
-how fast it could go (`transformer-jax plan`). targets.py: the chips and slices; compiling.py: `plan`, `search`;
-decoding.py: beam search on one chip, `plan_decode`, `largest_decode_batch`; figures.py: memory, FLOPs and the
-roofline estimate of a compiled step; report.py: the tables.
+"""Pods on paper: compile a run's real train step for a TPU slice or a GPU node on a machine without one, and say
+what fits and how fast it could go (`transformer-jax plan`). targets.py: the chips, slices and GPU nodes;
+compiling.py: `plan`, `search`; decoding.py: beam search on one chip, `plan_decode`, `largest_decode_batch`;
+figures.py: memory, FLOPs and the roofline estimate of a compiled step; report.py: the tables.
 
     report = plan(load_experiment("experiments/base.py", overrides), "v5e:2x2")
     print(format_report(report))            # a table; report.to_dict() is the same as JSON-able data
@@ -9,25 +9,25 @@ roofline estimate of a compiled step; report.py: the tables.
     print(format_search(ranked))            # ... with the --config.mesh.* overrides of each
     print(format_decode(largest_decode_batch(experiment, "v5e:2x2", source_length=128)))  # translation batch
 
-`jax.experimental.topologies.get_topology_desc` gives the devices of a slice (`v5e:2x2`, `v5p:2x2x2`, ...) without
-any TPU present; over a Mesh of them the step that `train` runs (train/compiled.py: same model, loss, optimizer,
-dtype, accum_steps, mesh section and rule table) is lowered with the abstract state and batches as
-ShapeDtypeStructs and compiled by the TPU compiler (libtpu: `pip install 'jax[tpu]'`), once per static batch shape
-of the data section (data/batching.train_shapes). From each compiled step:
+`jax.experimental.topologies.get_topology_desc` gives the devices of a TPU slice (`v5e:2x2`, `v5p:2x2x2`, ...)
+without any TPU present, and of NVIDIA GPUs (`h100:8`, `a100:2x8`) from a description of the GPU (XLA's
+GpuTargetConfigProto, written from the public figures in CHIPS) without a GPU or CUDA. Over a Mesh of them the step
+that `train` runs (train/compiled.py: same model, loss, optimizer, dtype, accum_steps, mesh section and rule table)
+is lowered with the abstract state and batches as ShapeDtypeStructs and compiled by the target's compiler (libtpu:
+`pip install 'jax[tpu]'`; the CUDA plugin: `pip install 'jax[cuda12-local]'`), once per static batch shape of the
+data section (data/batching.train_shapes). From each compiled step:
 
 - memory per chip (`memory_analysis`): arguments (the state and the batch shard), outputs, temporaries and the
-  compiler's peak, against the chip's HBM. A step that does not fit fails to compile (CompileTimeHbmOom); that is
-  reported as not fitting with the compiler's own figures (required vs available), not raised.
-- FLOPs and HBM bytes per chip (`cost_analysis`) beside our analytic count (accounting.forward_flops x 3: the
-  forward pass and a backward pass of twice its matmuls).
+  compiler's peak, against the chip's HBM. A step that does not fit a TPU fails to compile (CompileTimeHbmOom);
+  that is reported as not fitting with the compiler's own figures (required vs available), not raised. The GPU
+  compiler does not refuse: there the verdict is the memory analysis against the GPU's memory.
+- FLOPs and HBM bytes per chip (`cost_analysis`; for a GPU, XLA's HLO cost analysis of the optimized program) beside
+  our analytic count (accounting.forward_flops x 3: the forward pass and a backward pass of twice its matmuls).
 - a roofline estimate: step time = max(FLOPs / peak FLOP/s, bytes / HBM bandwidth) per chip, from the public peak
   figures in CHIPS, and the tokens per second and model FLOPs utilisation (MFU: analytic FLOPs / (time x peak))
-  that follow. It is rough: collectives over the chips' links (ICI), the host's input and the compiler's schedule
-  are not in it, and XLA's bytes accessed count every fused op's operands and results as HBM traffic (base on a
-  v5e comes out HBM-bound); rank layouts by it rather than trust its absolute numbers.
-
-Targets: TPU slices only (CHIPS). The GPU compiler also runs without a GPU (`jax[cuda12-local]` with a GPU target
-description) but needs a device description file of the GPU that this package does not ship.
+  that follow. It is rough: collectives over the chips' links (ICI, NVLink), the host's input and the compiler's
+  schedule are not in it, and XLA's bytes accessed count every fused op's operands and results as HBM traffic
+  (base on a v5e comes out HBM-bound); rank layouts by it rather than trust its absolute numbers.
 """
 
 from transformer_jax.plan.compiling import mesh_shapes, plan, ranked, search

@@ -124,9 +124,7 @@ def _compile_bucket(step, abstract, batch, chip: Chip, length: int, rows: int, a
                        for leaf, form in zip(leaves, formats, strict=True))  # fmt: skip
     except (AttributeError, TypeError, ValueError):
         expected = None
-    cost = compiled.cost_analysis() or {}
-    if isinstance(cost, list):  # older jax: one dict per program
-        cost = cost[0] if cost else {}
+    cost = _cost_analysis(compiled)
     flops = float(cost["flops"]) if cost.get("flops", -1) >= 0 else None
     bytes_accessed = float(cost["bytes accessed"]) if cost.get("bytes accessed", -1) >= 0 else None
     estimate = roofline(
@@ -145,6 +143,24 @@ def _compile_bucket(step, abstract, batch, chip: Chip, length: int, rows: int, a
         bytes_accessed=bytes_accessed,
         **estimate._asdict(),
     )
+
+
+def _cost_analysis(compiled) -> dict:
+    """The compiler's FLOPs and bytes accessed per chip. The GPU compiler reports none without a GPU; there, XLA's
+    generic HLO cost analysis of the optimized program (the one each backend starts from), run by the host's CPU
+    client. {} where neither is available."""
+    cost = compiled.cost_analysis() or {}
+    if isinstance(cost, list):  # older jax: one dict per program
+        cost = cost[0] if cost else {}
+    if cost:
+        return cost
+    try:
+        from jax._src.lib import xla_client
+
+        (module,) = compiled.runtime_executable().hlo_modules()
+        return dict(xla_client._xla.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module))
+    except (AttributeError, ValueError, RuntimeError):  # another jax's internals
+        return {}
 
 
 # -------------------------------------------------------------------------------------------------------- search

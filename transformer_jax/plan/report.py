@@ -83,6 +83,11 @@ def format_report(report: PlanReport) -> str:
         "HBM bandwidth), rough (collectives and input not counted). tokens/s: padded positions per side "
         "(data.tokens_per_batch) per second.",
     ]
+    if chip.platform == "cuda":
+        lines.append(
+            "On a GPU, JAX takes 75% of its memory at start by default: a step that needs more runs with "
+            "XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 (or XLA_PYTHON_CLIENT_PREALLOCATE=false)."
+        )
     return "\n".join(lines)
 
 
