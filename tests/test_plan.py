@@ -136,7 +136,9 @@ def test_the_meshes_of_a_slice():
 def test_layouts_are_ranked_fitting_first_then_by_speed():
     def report(name, fits, tokens_per_s):
         bucket = planning.BucketPlan(8, 8, fits, 0.0, 2**30, tokens_per_s=tokens_per_s)
-        return planning.PlanReport(name, planning.CHIPS["v5e"], 4, {}, "dp", "jit", "float32", 1, 0, {}, {}, [bucket])
+        return planning.PlanReport(
+            name, planning.CHIPS["v5e"], 4, {}, "dp", "jit", "float32", 512, 1, 0, {}, {}, [bucket]
+        )
 
     ranked = planning.ranked([report("slow", True, 10.0), report("big", False, None), report("fast", True, 30.0)])
     assert [r.target for r in ranked] == ["fast", "slow", "big"]
@@ -251,6 +253,22 @@ def test_search_ranks_layouts_and_prints_their_overrides(v5e_2x2):
     assert reports[0].tokens_per_s >= reports[1].tokens_per_s
     assert {report.rules for report in reports} == {"dp", "tensor"}
     assert "--config.mesh.data=2 --config.mesh.fsdp=1 --config.mesh.tensor=2" in text
+
+
+def test_search_splits_an_update_too_large_for_a_chip_into_accumulated_micro_batches(v5e_2x2):
+    """A 1M-token vocabulary makes the logits about 1 MB a position (float32, and their gradient): the update's
+    24,576 positions a side need 24.5 GiB of a v5e in one micro-batch (the compiler refuses) and fit in two."""
+    changes = {"data.vocab_size": 2**20, "data.pack": False, "data.tokens_per_batch": 12288, "train.accum_steps": 2}
+    experiment = load_experiment(TINY, _tiny(**changes))
+    reports = planning.search(experiment, "v5e:2x2", meshes=[{"data": 4, "fsdp": 1, "tensor": 1}])
+    text = planning.format_search(reports)
+    print(text)
+    fitting, refused = reports  # ranked: what fits first
+    assert (fitting.tokens_per_batch, fitting.accum_steps, fitting.fits) == (12288, 2, True)
+    assert (refused.tokens_per_batch, refused.accum_steps, refused.fits) == (24576, 1, False)
+    assert "CompileTimeHbmOom" in refused.buckets[0].compiler_message
+    assert refused.buckets[0].required_bytes > 16 * 2**30 > fitting.buckets[0].needed_bytes
+    assert "--config.data.tokens_per_batch=12288 --config.train.accum_steps=2" in text.splitlines()[-1]
 
 
 def test_the_plan_command_refuses_a_bad_target_in_one_line(capsys):

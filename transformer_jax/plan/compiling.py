@@ -90,6 +90,7 @@ def plan(
         rules=next((name for name, table in sharding.RULE_TABLES.items() if tuple(table) == rules), "custom"),
         mode=experiment.mesh.mode,
         dtype=jnp.dtype(model_cfg.dtype).name,
+        tokens_per_batch=data_cfg.tokens_per_batch,
         accum_steps=train_cfg.accum_steps,
         parameters=count_parameters(model_cfg).total,
         state_bytes={
@@ -190,6 +191,9 @@ def _divides(model_cfg, shape: dict[str, int]) -> bool:
     return True
 
 
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32)  # the splits of an update's batch `search` tries, fewest first
+
+
 def search(
     experiment: Experiment,
     target: str | Target,
@@ -199,26 +203,41 @@ def search(
     progress=None,
 ) -> list[PlanReport]:
     """`plan` of every mesh of the slice that divides the model (`mesh_shapes`; or the {data, fsdp, tensor} `meshes`
-    given), with 'auto' rules and mode 'jit', ranked (`ranked`). Compiles the shortest and the longest bucket unless
-    `lengths` says which (the memory peak can be at either end: base needs more at 32 than at 256). A mesh whose
-    batch cannot hold a row per data x fsdp device is left out. progress(report): called after each mesh."""
+    given), with 'auto' rules and mode 'jit', ranked (`ranked`).
+
+    The update's batch stays the experiment's (data.tokens_per_batch x train.accum_steps tokens a side): each mesh
+    takes it in one micro-batch if that fits, else in 2, 4, ... accumulated micro-batches (MICRO_BATCHES,
+    train.accum_steps), the first that fits ending the mesh's search (smaller micro-batches only run slower); the
+    attempts that do not fit are reported too. Compiles the shortest and the longest bucket unless `lengths` says
+    which (the memory peak can be at either end: base needs more at 32 than at 256). A mesh whose micro-batch
+    cannot hold a row per data x fsdp device is left out. progress(report): called after each compile."""
     target = parse_target(target) if isinstance(target, str) else target
     devices = target_devices(target)
     data = experiment.data
-    batching = (data.tokens_per_batch, data.max_len, data.bucket_boundaries or None, data.pack)
-    buckets = train_shapes(*batching)
+    update_tokens = data.tokens_per_batch * experiment.train.accum_steps
+    buckets = train_shapes(data.tokens_per_batch, data.max_len, data.bucket_boundaries or None, data.pack)
     lengths = lengths or sorted({min(buckets), max(buckets)})
     reports = []
     for shape in mesh_shapes(target.chips, experiment.model) if meshes is None else meshes:
-        try:
-            train_shapes(*batching, shape["data"] * shape["fsdp"])
-        except ValueError:  # a bucket cannot hold a row per data x fsdp device
-            continue
-        layout = experiment.replace(mesh=MeshConfig(**shape, rules="auto", mode="jit"))
-        report = plan(layout, target, lengths=lengths, devices=devices)
-        reports.append(report)
-        if progress is not None:
-            progress(report)
+        for micro_batches in MICRO_BATCHES:
+            tokens = -(-update_tokens // micro_batches)
+            try:
+                train_shapes(
+                    tokens, data.max_len, data.bucket_boundaries or None, data.pack, shape["data"] * shape["fsdp"]
+                )
+            except ValueError:  # a bucket cannot hold a row per data x fsdp device
+                break
+            layout = experiment.replace(
+                mesh=MeshConfig(**shape, rules="auto", mode="jit"),
+                data=data.replace(tokens_per_batch=tokens),
+                train=experiment.train.replace(accum_steps=micro_batches),
+            )
+            report = plan(layout, target, lengths=lengths, devices=devices)
+            reports.append(report)
+            if progress is not None:
+                progress(report)
+            if report.fits:
+                break
     return ranked(reports)
 
 

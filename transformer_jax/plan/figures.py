@@ -72,7 +72,8 @@ class PlanReport:
     rules: str  # the mesh section's table name ('auto' resolved: dp, fsdp, tensor or fsdp_tensor)
     mode: str
     dtype: str
-    accum_steps: int
+    tokens_per_batch: int  # data.tokens_per_batch: a micro-batch's padded positions a side
+    accum_steps: int  # micro-batches an update
     parameters: int
     state_bytes: dict[str, int]  # per chip, from the shardings: params, optimizer (Adam moments), other
     batch_bytes: dict[int, int]  # per chip: bucket length -> bytes of this chip's rows of a batch
@@ -90,8 +91,13 @@ class PlanReport:
 
     @property
     def overrides(self) -> str:
-        """The --config.mesh.* overrides of this layout."""
-        return " ".join(f"--config.mesh.{axis}={size}" for axis, size in self.mesh.items())
+        """The overrides that give `train` this layout: --config.mesh.*, the micro-batch and the accumulation."""
+        mesh = [f"--config.mesh.{axis}={size}" for axis, size in self.mesh.items()]
+        batch = [
+            f"--config.data.tokens_per_batch={self.tokens_per_batch}",
+            f"--config.train.accum_steps={self.accum_steps}",
+        ]
+        return " ".join(mesh + batch)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able, with the derived figures (fits, headroom, tokens per second, overrides)."""

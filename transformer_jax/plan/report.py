@@ -36,8 +36,8 @@ def format_report(report: PlanReport) -> str:
     lines = [
         f"{report.target}: {report.chips} x {chip.name} ({chip.peak_flops / 1e12:.0f} TFLOP/s bf16, "
         f"{_size(chip.hbm_bytes)} HBM at {chip.hbm_bandwidth / 1e9:,.0f} GB/s per chip)",
-        f"mesh {report.overrides} (rules {report.rules}, mode {report.mode}), {report.parameters:,} parameters, "
-        f"activations {report.dtype}, accum_steps {report.accum_steps}",
+        f"layout {report.overrides} (rules {report.rules}, mode {report.mode}), {report.parameters:,} parameters, "
+        f"activations {report.dtype}",
         f"state per chip from the shardings: params {_size(state['params'])}, Adam moments "
         f"{_size(state['optimizer'])}, other {_size(state['other'])}",
         "",
@@ -92,12 +92,14 @@ def format_report(report: PlanReport) -> str:
 
 
 def format_search(reports: Sequence[PlanReport]) -> str:
-    """The ranked layouts of `search`, each with its --config.mesh.* overrides."""
+    """The ranked layouts of `search`, then the overrides that give `train` each layout that fits."""
     if not reports:
         return "no mesh of this slice divides the model and the batch."
     first = reports[0]
     lines = [f"{first.target}: {first.chips} x {first.chip.name}, layouts ranked by estimated tokens/s", ""]
-    header = ("rank", "data", "fsdp", "tensor", "fits", "needed", "HBM left", "est. tokens/s", "MFU", "overrides")
+    header = (
+        "rank", "data", "fsdp", "tensor", "micro-batch", "accum", "fits", "needed", "HBM left", "est. tokens/s", "MFU",
+    )  # fmt: skip
     rows = []
     for rank, report in enumerate(reports, start=1):
         worst = max(report.buckets, key=lambda bucket: bucket.needed_bytes or 0)
@@ -106,15 +108,18 @@ def format_search(reports: Sequence[PlanReport]) -> str:
             (
                 str(rank),
                 *(str(report.mesh[axis]) for axis in sharding.MESH_AXES),
+                f"{report.tokens_per_batch:,}",
+                str(report.accum_steps),
                 "yes" if report.fits else "NO",
                 _size(worst.needed_bytes),
                 _size(worst.headroom_bytes),
                 _number(report.tokens_per_s, 1, 0) if report.fits else "-",
                 "-" if mfu is None or not report.fits else f"{mfu:.0%}",
-                report.overrides,
             )
         )
-    return "\n".join(lines + _table(header, rows))
+    overrides = [f"{rank:>4}  {report.overrides}" for rank, report in enumerate(reports, start=1) if report.fits]
+    lines += _table(header, rows) + ["", "micro-batch: data.tokens_per_batch; accum: train.accum_steps. For train:"]
+    return "\n".join(lines + overrides)
 
 
 def format_decode(plans: Sequence[DecodePlan]) -> str:
