@@ -45,13 +45,15 @@ ISA_FLAGS := XLA_FLAGS=--xla_cpu_max_isa=AVX2 ATEN_CPU_CAPABILITY=avx2 CT2_FORCE
 test-isa: venv-test
 	$(ISA_FLAGS) $(PY) -m pytest -m rounding $(PYTEST_ARGS)
 
-# The lowest supported stack: its own venv, constraints made from pyproject.toml's lower bounds.
+# The lowest supported stack: its own venv, constraints made from pyproject.toml's lower bounds; the notebooks
+# (marked newest_stack) run on the newest stack only.
 .venv-lowest/constraints.txt: pyproject.toml .ci/lowest_pins.py
 	mkdir -p .venv-lowest
 	$(LOWEST_PYTHON) .ci/lowest_pins.py > $@
 
 test-lowest: .venv-lowest/constraints.txt
-	$(MAKE) test VENV=.venv-lowest PYTHON=$(LOWEST_PYTHON) CONSTRAINTS=.venv-lowest/constraints.txt
+	$(MAKE) test VENV=.venv-lowest PYTHON=$(LOWEST_PYTHON) CONSTRAINTS=.venv-lowest/constraints.txt \
+		PYTEST_ARGS="$(PYTEST_ARGS) -m 'not stress and not newest_stack'"
 
 # Planning pod runs on this machine (transformer_jax/plan/) compiles for TPU slices with the TPU compiler, libtpu,
 # which runs without a TPU, and for NVIDIA GPUs with jax's CUDA plugin, which runs without a GPU or CUDA; its own

@@ -1,7 +1,8 @@
 """Every notebook executes top to bottom (nbclient); a failing cell fails the suite.
 
 Each runs in a copy under a temporary directory (its figures and runs land there, not in the repository);
-notebook 02 trains for TJ_NOTEBOOK_STEPS updates instead of its default, to fit the suite's time budget.
+notebook 02 trains for TJ_NOTEBOOK_STEPS updates instead of its default, to fit the suite's time budget. They run on
+the newest stack only (`newest_stack`): what they call is tested on both, and they cost CI about a minute and a half.
 """
 
 import shutil
@@ -17,6 +18,7 @@ NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 
 
+@pytest.mark.newest_stack
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[path.stem for path in NOTEBOOKS])
 def test_notebook_runs(notebook, tmp_path, monkeypatch):
     if "torch" in notebook.stem:
