@@ -3,6 +3,7 @@
 import io
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -490,3 +491,50 @@ def test_shards_and_a_resumed_output_give_the_one_process_translation(workdir, t
     assert cut.read_text(encoding="utf-8").splitlines() == whole
     code, _, err = run_cli(common + ["--shard", "3/3"], monkeypatch=monkeypatch, capsys=capsys)
     assert code != 0 and "--shard 3/3" in err and "Traceback" not in err
+
+
+SPLIT_OVER_DEVICES = """
+import json, sys
+from transformer_jax import cli
+workdir, source, out = sys.argv[1:]
+results = {}
+methods = {"beam": [], "greedy": ["--greedy"], "sample": ["--sample", "--num-samples", "2", "--nbest", "2", "--top-p", "0.9"]}
+for name, method in methods.items():
+    for devices in ("1", "4"):
+        output = f"{out}.{name}.{devices}"
+        argv = ["translate", "--workdir", workdir, "--input", source, "--output", output, "--devices", devices]
+        assert cli.main(argv + ["--batch-size", "3", "--format", "jsonl"] + method) == 0
+        results[f"{name} {devices}"] = [json.loads(line) for line in open(output, encoding="utf-8")]
+import jax
+from transformer_jax.translate import Translator
+translator = Translator.from_workdir(workdir, devices=jax.local_devices())
+results["param_devices"] = len(jax.tree.leaves(translator.params)[0].sharding.device_set)
+print(json.dumps(results))
+"""
+
+
+def test_a_batch_split_over_four_devices_translates_as_on_one(workdir, tmp_path):
+    """--devices 4 on a process with 4 (CPU) devices: each batch of 3 sentences becomes 4 rows, one a device; beam,
+    greedy and sampling give the one-device outputs, scores to float rounding."""
+    lines = [f"{line} {i}" if line else "" for i, line in enumerate(SOURCES * 2)]  # 8 lines, 2 blank
+    source = tmp_path / "in.en"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    command = [sys.executable, "-c", SPLIT_OVER_DEVICES, str(workdir), str(source), str(tmp_path / "out")]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert results["param_devices"] == 4  # replicated on each
+    for method in ("beam", "greedy", "sample"):
+        one, four = results[f"{method} 1"], results[f"{method} 4"]
+        assert len(one) == len(four) == 8
+        for a, b in zip(one, four):
+            assert [h["text"] for h in a["hypotheses"]] == [h["text"] for h in b["hypotheses"]]
+            np.testing.assert_allclose(
+                [h["score"] for h in a["hypotheses"]], [h["score"] for h in b["hypotheses"]], rtol=1e-5, atol=1e-5
+            )
+
+
+def test_more_devices_than_the_process_has_is_one_clear_line(workdir, monkeypatch, capsys):
+    code, _, err = run_cli(["translate", "--workdir", str(workdir), "--devices", "64"], "a\n", monkeypatch, capsys)
+    assert code == 2 and "--devices 64" in err and "Traceback" not in err

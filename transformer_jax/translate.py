@@ -1,5 +1,6 @@
 """Translating text with a trained model: length-batched, order-preserving; beam search, greedy or sampling, each
-optionally continuing a given target prefix; and scoring given translations.
+optionally continuing a given target prefix, each batch split over the process's devices; and scoring given
+translations.
 
 translator = Translator.from_workdir("runs/tiny", checkpoint="averaged")
 translator.translate(["three small red cats"])      # -> ["drei kleine rote Katzen"]
@@ -13,9 +14,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+import jax
 import numpy as np
 from tqdm import tqdm
 
+from transformer_jax import sharding
 from transformer_jax.config import ModelConfig
 from transformer_jax.decoding import (
     DecodeConfig,
@@ -74,8 +77,11 @@ class Translator:
         batch_size: int = 32,
         max_tokens: int | None = None,
         on_too_long: str = "truncate",
+        devices: Sequence[jax.Device] | None = None,
     ):
-        """batch_size: sentences decoded together; max_tokens (instead): padded source tokens per batch."""
+        """batch_size: sentences decoded together; max_tokens (instead): padded source tokens per batch. devices:
+        each batch is split over these along a data axis (its rows rounded up to a multiple of their number), the
+        parameters replicated on each; default one device."""
         if method not in METHODS:
             raise ValueError(f"method={method!r} is unknown; use one of {METHODS}.")
         if on_too_long not in TOO_LONG_POLICIES:
@@ -92,6 +98,11 @@ class Translator:
             self.model = Transformer(model_config.replace(dropout_rate=0.0))
             self.params = params
         self.model_config = self.model.config
+        self.mesh = None if devices is None or len(devices) < 2 else sharding.make_mesh({"data": -1}, devices)
+        if self.mesh is not None:
+            self.params = jax.device_put(
+                self.params, jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+            )
         self.tokenizer = tokenizer
         self.decode_config = decode_config or DecodeConfig()
         self.method, self.batch_size, self.max_tokens, self.on_too_long = method, batch_size, max_tokens, on_too_long
@@ -243,8 +254,11 @@ class Translator:
         return min(self.model_config.max_len, -(-length // WIDTH_MULTIPLE) * WIDTH_MULTIPLE)
 
     def _rows(self, width: int) -> int:
-        """Sentences per batch at this padded width: batch_size, or as many as max_tokens allows."""
-        return self.batch_size if self.max_tokens is None else max(1, self.max_tokens // width)
+        """Sentences per batch at this padded width: batch_size, or as many as max_tokens allows; a multiple of the
+        devices."""
+        rows = self.batch_size if self.max_tokens is None else max(1, self.max_tokens // width)
+        split = 1 if self.mesh is None else self.mesh.size
+        return -(-rows // split) * split
 
     def _batches(self, order: list[int], sources: dict[int, list[int]]) -> Iterator[list[int]]:
         """Consecutive runs of the length-sorted `order`, each within the row count of its longest sentence."""
@@ -271,18 +285,24 @@ class Translator:
     ) -> list[list[Hypothesis]]:
         inputs = self._inputs(sources)
         model, params, config = self.model, self.params, self.decode_config
+        mesh = self.mesh
+        rules = sharding.DEFAULT_RULES if mesh is None else sharding.rules_for_mesh(mesh)
         if self.method == "greedy":
             tokens, _, log_probs = greedy_decode(
-                model, params, inputs, config=config, prefixes=prefixes, return_log_probs=True
+                model, params, inputs, config=config, prefixes=prefixes, return_log_probs=True, mesh=mesh, rules=rules
             )
             sequences, scores = np.asarray(tokens)[:, None], np.asarray(log_probs)[:, None]  # [rows, 1, ...]
         elif self.method == "sample":
             ids = np.zeros((inputs.shape[0],), np.int32)  # [rows]; filler rows' draws are thrown away
             ids[: len(line_ids)] = line_ids
-            tokens, _, log_probs = sample(model, params, inputs, config=config, prefixes=prefixes, sentence_ids=ids)
+            tokens, _, log_probs = sample(
+                model, params, inputs, config=config, prefixes=prefixes, sentence_ids=ids, mesh=mesh, rules=rules
+            )
             sequences, scores = np.asarray(tokens), np.asarray(log_probs)  # [rows, samples, length], [rows, samples]
         else:
-            sequences, scores = beam_search(model, params, inputs, config=config, prefixes=prefixes, nbest=nbest)
+            sequences, scores = beam_search(
+                model, params, inputs, config=config, prefixes=prefixes, nbest=nbest, mesh=mesh, rules=rules
+            )
             sequences, scores = np.asarray(sequences), np.asarray(scores)  # [rows, nbest, length], [rows, nbest]
         return [
             [

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from transformer_jax.cli.command import CHECKPOINT_HELP, Command, Stopped
-from transformer_jax.errors import DataError, UsageError
+from transformer_jax.errors import ArgumentError, DataError, UsageError
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +44,25 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
             f"--{field.name.replace('_', '-')}", type=kind, default=field.default, help=field.metadata.get("help")
         )
     parser.add_argument("--batch-size", type=int, default=32, help="sentences decoded together")
+    parser.add_argument(
+        "--devices",
+        type=int,
+        default=0,
+        help="split each batch over this many of the process's devices (0, the default: all of them; the batch is "
+        "rounded up to a multiple)",
+    )
+
+
+def _local_devices(count: int) -> list:
+    import jax
+
+    devices = jax.local_devices()
+    if not 0 <= count <= len(devices):
+        raise ArgumentError(
+            f"--devices {count}: this process has {len(devices)} device(s) ({devices[0].platform}); give at most "
+            f"{len(devices)}, or 0 for all."
+        )
+    return devices[: count or len(devices)]
 
 
 def translator_from_args(args: argparse.Namespace, **options):
@@ -60,6 +79,7 @@ def translator_from_args(args: argparse.Namespace, **options):
         decode_config=decode_config,
         method=decoding_method(args),
         batch_size=args.batch_size,
+        devices=_local_devices(args.devices),
         **options,
     )
 
