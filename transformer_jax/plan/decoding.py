@@ -1,7 +1,8 @@
 """The translation side of a plan: beam search compiled for one chip of a target, and the largest batch that fits.
 
-`translate` decodes on one device per process (a slice translates with one process per chip, `translate --shard
-K/N`), so the question is per chip: how many sentences of a given source length one chip can beam-search at once.
+`translate` splits each batch over the process's devices along a data axis (`--devices`), each chip decoding its own
+rows with the parameters replicated, so the question is per chip: how many sentences of a given source length one
+chip can beam-search at once (times the host's chips: the --batch-size to give).
 The programs are the ones `translate` runs (decoding/driver.py: the start, then segments), each at its largest: the
 whole batch with the cache at its full length (source length + decode.extra_length, clipped to the model's max_len).
 """
