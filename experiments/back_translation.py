@@ -102,14 +102,14 @@ def test_bleu(workdir: Path) -> dict:
         "--checkpoint",
         "averaged",
         "--split",
-        "test_2016_flickr",
+        "test",
         "--batch-size",
         "100",
         "--samples",
         "0",
         *BEAM,
     )
-    (evaluation,) = (workdir / "eval").glob("test_2016_flickr.averaged.beam5*.json")
+    (evaluation,) = (workdir / "eval").glob("test.averaged.beam5*.json")
     return json.loads(evaluation.read_text())
 
 

@@ -111,6 +111,13 @@ def test_evaluate_scores_with_sacrebleu(workdir, tmp_path, monkeypatch, capsys):
     assert result["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hypotheses, refs).score)
 
 
+def test_evaluate_refuses_an_unknown_split_in_one_line(workdir, monkeypatch, capsys):
+    code, _, err = run_cli(
+        ["evaluate", "--workdir", str(workdir), "--split", "test_2016_flickr"], "", monkeypatch, capsys
+    )
+    assert code == 2 and "--split test_2016_flickr" in err and "validation" in err and "Traceback" not in err
+
+
 def test_evaluate_refuses_mismatched_files(workdir, tmp_path, monkeypatch, capsys):
     sources, references = tmp_path / "a.en", tmp_path / "b.de"
     sources.write_text("one\ntwo\n")

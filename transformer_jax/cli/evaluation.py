@@ -10,7 +10,7 @@ from pathlib import Path
 
 from transformer_jax.cli.command import Command
 from transformer_jax.cli.inference import add_decoding_arguments, decoding_method, translator_from_args
-from transformer_jax.errors import UsageError
+from transformer_jax.errors import ArgumentError, UsageError
 from transformer_jax.selection import BestMetric
 
 # ------------------------------------------------------------------------------------------------- evaluate
@@ -40,9 +40,15 @@ def _evaluation_pairs(args: argparse.Namespace) -> tuple[str, list[tuple[str, st
             )
         return Path(args.source_file).stem, list(zip(sources, references))
     from transformer_jax import workdir
+    from transformer_jax.data.pairs import SPLITS
     from transformer_jax.data.sources import source_from_config
     from transformer_jax.experiment import Experiment
 
+    if args.split not in SPLITS:
+        raise ArgumentError(
+            f"--split {args.split}: a run's data source has the splits {', '.join(SPLITS)}; for other files give "
+            "--source-file and --reference-file."
+        )
     data = Experiment.from_dict(workdir.load_config(args.workdir)).data
     return args.split, list(source_from_config(data, splits=(args.split,)).pairs(args.split))
 
