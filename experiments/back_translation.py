@@ -95,22 +95,16 @@ def train_all(runs: list[tuple[Path, list[str]]], parallel: int) -> None:
 
 
 def test_bleu(workdir: Path) -> dict:
-    transformer_jax(
-        "evaluate",
-        "--workdir",
-        str(workdir),
-        "--checkpoint",
-        "averaged",
-        "--split",
-        "test",
-        "--batch-size",
-        "100",
-        "--samples",
-        "0",
-        *BEAM,
-    )
-    (evaluation,) = (workdir / "eval").glob("test.averaged.beam5*.json")
-    return json.loads(evaluation.read_text())
+    """The averaged checkpoint's scores on Multi30k's test split (beam 5, alpha 1.0); evaluated once."""
+    done = list((workdir / "eval").glob("test.averaged.beam5*.json"))
+    if not done:
+        transformer_jax(
+            "evaluate", "--workdir", str(workdir), "--checkpoint", "averaged", "--split", "test",
+            "--batch-size", "100", "--samples", "0", *BEAM,
+        )  # fmt: skip
+        done = list((workdir / "eval").glob("test.averaged.beam5*.json"))
+    scores = json.loads(done[0].read_text())
+    return {key: scores[key] for key in SCORES}
 
 
 def back_translate(reverse: Path, german: Path, output: Path, method: list[str]) -> float:
@@ -185,10 +179,10 @@ def main(argv: list[str] | None = None) -> dict:
         "cpu": cpu_model(),
         "steps": args.steps,
         "pairs": {"real": len(english[0::2]), "mono": len(german[1::2])},
-        "reverse_de_en_test": {k: reverse_bleu[k] for k in SCORES},
+        "reverse_de_en_test": reverse_bleu,
         "back_translation_sentences_per_sec": speeds,
         "back_translation_bleu_against_the_real_english": fidelity,
-        "en_de_test": {name: {k: test_bleu(w)[k] for k in SCORES} for name, w in forward.items()},
+        "en_de_test": {name: test_bleu(workdir) for name, workdir in forward.items()},
     }
     (runs / "back_translation.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
