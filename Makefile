@@ -10,7 +10,9 @@ CONSTRAINTS ?=
 HASH := $(shell cat pyproject.toml $(CONSTRAINTS) | cksum | cut -d' ' -f1)
 CORE_STAMP := $(VENV)/.installed-core-$(HASH)
 TEST_STAMP := $(VENV)/.installed-test-$(HASH)
-PIP_INSTALL = $(PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
+# Installs retry: pip's own retries per request, its resumption of a broken download, then .ci/retry's whole reruns.
+PIP_RETRIES = --retries 10 --timeout 60 --resume-retries 20
+PIP_INSTALL = sh .ci/retry $(PY) -m pip install --quiet $(PIP_RETRIES) $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 PYTEST_ARGS ?= -n 2 --dist loadgroup --durations=15
 
 .PHONY: venv venv-test test test-lowest test-isa test-plan lint demo clean
@@ -21,7 +23,7 @@ venv-test: $(TEST_STAMP)
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	sh .ci/retry $(PY) -m pip install --quiet --retries 10 --timeout 60 --upgrade pip
 
 # The demo needs the package only (no torch); the tests add pytest and torch for the parity tests.
 $(CORE_STAMP): pyproject.toml $(CONSTRAINTS) | $(VENV)/bin/python
@@ -65,15 +67,16 @@ TPU_STAMP := $(TPU_VENV)/.installed-$(HASH)
 
 $(TPU_VENV)/bin/python:
 	$(PYTHON) -m venv $(TPU_VENV)
-	$(TPU_VENV)/bin/python -m pip install --quiet --upgrade pip
+	sh .ci/retry $(TPU_VENV)/bin/python -m pip install --quiet --retries 10 --timeout 60 --upgrade pip
 
 $(TPU_STAMP): pyproject.toml | $(TPU_VENV)/bin/python
-	$(TPU_VENV)/bin/python -m pip install --quiet -e . 'pytest>=8,<10' '$(TPU_JAX)'  # the planner's tests need no more
+	sh .ci/retry $(TPU_VENV)/bin/python -m pip install --quiet $(PIP_RETRIES) -e . 'pytest>=8,<10' 'pytest-xdist>=3.5,<4' '$(TPU_JAX)'  # the planner's tests need no more
 	rm -f $(TPU_VENV)/.installed-*
 	touch $@
 
+# Two pytest workers each load libtpu, which by default allows one process a machine.
 test-plan: $(TPU_STAMP)
-	JAX_PLATFORMS=cpu $(TPU_VENV)/bin/python -m pytest tests/test_plan.py --durations=5
+	ALLOW_MULTIPLE_LIBTPU_LOAD=1 JAX_PLATFORMS=cpu $(TPU_VENV)/bin/python -m pytest tests/test_plan.py -n 2 --durations=5
 
 lint: venv-test
 	$(VENV)/bin/ruff check transformer_jax experiments tests .ci

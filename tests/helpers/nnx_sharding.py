@@ -3,9 +3,9 @@
     python tests/helpers/nnx_sharding.py
 
 Launched as a subprocess by tests/test_nnx.py (the device count must be fixed before JAX is imported). For each
-layout, the mesh axes of every parameter as placed by `transformer_jax.nnx.sharded` and by the Linen model's
-jitted init with `sharding.tree_shardings`, and the largest difference between the sharded NNX model's logits and
-the one-device Linen model's on the same parameters.
+layout, the mesh axes of every parameter as placed by `transformer_jax.nnx.sharded` and as `sharding.tree_shardings`
+lays out the Linen model's parameters (what the train step's jitted init places them by), and the largest difference
+between the sharded NNX model's logits and the one-device Linen model's on the same parameters.
 """
 
 from __future__ import annotations
@@ -50,14 +50,16 @@ def model_config():
     )
 
 
-def mesh_axes(params) -> dict[str, list]:
-    """{'encoder/layer_0/ffn/wi/kernel': [mesh axes of each dimension], ...} of placed arrays."""
+def mesh_axes(params, shardings) -> dict[str, list]:
+    """{'encoder/layer_0/ffn/wi/kernel': [mesh axes of each dimension], ...} of arrays (shapes) and their shardings."""
+    flat_params, flat_shardings = traverse_util.flatten_dict(params), traverse_util.flatten_dict(shardings)
 
-    def entries(leaf):
-        spec = list(leaf.sharding.spec) + [None] * (leaf.ndim - len(leaf.sharding.spec))
+    def entries(path):
+        spec = flat_shardings[path].spec
+        spec = list(spec) + [None] * (flat_params[path].ndim - len(spec))
         return [list(entry) if isinstance(entry, tuple) else entry for entry in spec]
 
-    return {"/".join(path): entries(leaf) for path, leaf in traverse_util.flatten_dict(params).items()}
+    return {"/".join(path): entries(path) for path in flat_params}
 
 
 def main():
@@ -65,20 +67,19 @@ def main():
     linen = Transformer(cfg)
     src = jnp.array(np.random.default_rng(0).integers(3, cfg.vocab_size, (8, 7)), jnp.int32).at[:, 5:].set(0)
     tgt = jnp.array(np.random.default_rng(1).integers(3, cfg.vocab_size, (8, 6)), jnp.int32).at[:, 4:].set(0)
-    init = jax.jit(lambda key: linen.init(key, src[:1, :1], tgt[:1, :1]))
+    linen_boxed = jax.eval_shape(lambda key: linen.init(key, src[:1, :1], tgt[:1, :1]), jax.random.key(0))
     out = {"device_count": jax.device_count(), "layouts": {}}
     for name, (shape, rules) in LAYOUTS.items():
         mesh = sharding.make_mesh(shape)
         model = tnnx.sharded(lambda: tnnx.Transformer(cfg, rngs=nnx.Rngs(0)), mesh, rules)
         _, nnx_params = tnnx.as_linen(model)
-        linen_shardings = sharding.tree_shardings(jax.eval_shape(init, jax.random.key(0)), mesh, rules)
-        linen_params = jax.jit(init, out_shardings=linen_shardings)(jax.random.key(0))["params"]
+        linen_shardings = sharding.tree_shardings(linen_boxed, mesh, rules)["params"]
         logits = nnx.jit(lambda m, s, t: m(s, t))(model, src, tgt)
         host_params = jax.device_get(nnx_params)
         reference = linen.apply({"params": host_params}, jax.device_get(src), jax.device_get(tgt))
         out["layouts"][name] = {
-            "nnx": mesh_axes(nnx_params),
-            "linen": mesh_axes(nn.unbox(linen_params)),
+            "nnx": mesh_axes(nnx_params, jax.tree.map(lambda leaf: leaf.sharding, nnx_params)),
+            "linen": mesh_axes(nn.unbox(linen_boxed)["params"], linen_shardings),
             "max_logit_diff": float(np.max(np.abs(np.asarray(logits) - np.asarray(reference)))),
         }
     print(json.dumps(out))
