@@ -512,17 +512,31 @@ for name, method in methods.items():
         argv = ["translate", "--workdir", workdir, "--input", source, "--output", output, "--devices", devices]
         assert cli.main(argv + ["--batch-size", "3", "--format", "jsonl"] + method) == 0
         results[f"{name} {devices}"] = [json.loads(line) for line in open(output, encoding="utf-8")]
+with open(f"{out}.best", "w", encoding="utf-8") as best:
+    best.writelines(row["hypotheses"][0]["text"] + "\\n" for row in results["beam 1"])
+for devices in ("1", "4"):
+    output = f"{out}.score.{devices}"
+    argv = ["score", "--workdir", workdir, "--source", source, "--target", f"{out}.best", "--output", output]
+    assert cli.main(argv + ["--batch-size", "3", "--format", "jsonl", "--devices", devices]) == 0
+    results[f"score {devices}"] = [json.loads(line) for line in open(output, encoding="utf-8")]
 import jax
-from transformer_jax.translate import Translator
-translator = Translator.from_workdir(workdir, devices=jax.local_devices())
+from transformer_jax import translate
+translator = translate.Translator.from_workdir(workdir, devices=jax.local_devices())
 results["param_devices"] = len(jax.tree.leaves(translator.params)[0].sharding.device_set)
+scorer, scored_on = translate.token_log_probs, []
+def recording(model, params, inputs, targets):
+    scored_on.append(len(inputs.sharding.device_set))
+    return scorer(model, params, inputs, targets)
+translate.token_log_probs = recording
+translator.score(["a b", "c"], ["d", "e f"])
+results["scored_on_devices"] = scored_on
 print(json.dumps(results))
 """
 
 
 def test_a_batch_split_over_four_devices_translates_as_on_one(workdir, tmp_path):
     """--devices 4 on a process with 4 (CPU) devices: each batch of 3 sentences becomes 4 rows, one a device; beam,
-    greedy and sampling give the one-device outputs, scores to float rounding."""
+    greedy and sampling give the one-device outputs, scores to float rounding, and so does scoring references."""
     lines = [f"{line} {i}" if line else "" for i, line in enumerate(SOURCES * 2)]  # 8 lines, 2 blank
     source = tmp_path / "in.en"
     source.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -532,6 +546,15 @@ def test_a_batch_split_over_four_devices_translates_as_on_one(workdir, tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert results["param_devices"] == 4  # replicated on each
+    assert results["scored_on_devices"] == [4]
+    one, four = results["score 1"], results["score 4"]  # the beam translations, scored as references
+    assert [row["tokens"] for row in one] == [row["tokens"] for row in four] and len(one) == 8
+    np.testing.assert_allclose([row["log_prob"] for row in one], [row["log_prob"] for row in four], rtol=1e-5)
+    np.testing.assert_allclose(
+        [v for row in one for v in row["token_log_probs"]],
+        [v for row in four for v in row["token_log_probs"]],
+        atol=1e-5,
+    )
     for method in ("beam", "greedy", "sample"):
         one, four = results[f"{method} 1"], results[f"{method} 4"]
         assert len(one) == len(four) == 8

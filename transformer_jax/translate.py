@@ -335,9 +335,13 @@ class Translator:
         bar = tqdm(total=len(order), unit="sent", disable=not progress, desc="score", leave=False)
         for batch_indices in self._batches(order, {i: [0] * longest[i] for i in order}):
             inputs = self._inputs([pairs[i][0] for i in batch_indices])
-            targets_array = np.full((inputs.shape[0], self._width(max(longest[i] for i in batch_indices))), cfg.pad_id)
+            width = self._width(max(longest[i] for i in batch_indices))
+            targets_array = np.full((inputs.shape[0], width), cfg.pad_id, np.int32)  # [rows, width]
             for row, index in enumerate(batch_indices):
                 targets_array[row, : len(pairs[index][1])] = pairs[index][1]
+            if self.mesh is not None:  # rows split over the devices; the jitted scorer follows its inputs' layout
+                rows = sharding.batch_sharding(self.mesh, sharding.rules_for_mesh(self.mesh))
+                inputs, targets_array = jax.device_put((inputs, targets_array), rows)
             per_token = np.asarray(token_log_probs(self.model, self.params, inputs, targets_array))  # [rows, width]
             for row, index in enumerate(batch_indices):
                 tokens = per_token[row, : len(pairs[index][1])].tolist()

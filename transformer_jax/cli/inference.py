@@ -44,6 +44,10 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
             f"--{field.name.replace('_', '-')}", type=kind, default=field.default, help=field.metadata.get("help")
         )
     parser.add_argument("--batch-size", type=int, default=32, help="sentences decoded together")
+    _add_devices_argument(parser)
+
+
+def _add_devices_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--devices",
         type=int,
@@ -232,6 +236,7 @@ def _declare_score(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, help="their translations, one per source line")
     parser.add_argument("--output", help="write the scores to this file (default: stdout)")
     parser.add_argument("--batch-size", type=int, default=32, help="pairs scored together")
+    _add_devices_argument(parser)
     parser.add_argument(
         "--format",
         choices=("tsv", "jsonl"),
@@ -252,7 +257,11 @@ def _run_score(args: argparse.Namespace) -> None:
             "by line."
         )
     translator = Translator.from_workdir(
-        args.workdir, args.checkpoint, ensemble=args.ensemble, batch_size=args.batch_size
+        args.workdir,
+        args.checkpoint,
+        ensemble=args.ensemble,
+        batch_size=args.batch_size,
+        devices=_local_devices(args.devices),
     )
     scores = translator.score(sources, targets, progress=True)
     with open(args.output, "w", encoding="utf-8") if args.output else contextlib.nullcontext(sys.stdout) as sink:

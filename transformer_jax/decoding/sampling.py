@@ -49,14 +49,34 @@ def kept_logits(logits: jnp.ndarray, temperature: float, top_k_size: int, top_p:
         kth = top_k(scaled, top_k_size)[0][:, -1:]  # [rows, 1]
         scaled = jnp.where(scaled >= kth, scaled, NEG_INF)
     if top_p < 1.0:
-        ordered = -jnp.sort(-scaled, axis=-1)  # [rows, vocab] most probable first
-        probs = jax.nn.softmax(ordered, axis=-1)
-        before = jnp.cumsum(probs, axis=-1) - probs  # probability of the more probable tokens
-        # The least probable kept token: the last whose predecessors' mass is still below top_p.
-        last = jnp.sum(before < top_p, axis=-1, keepdims=True) - 1  # [rows, 1]
-        threshold = jnp.take_along_axis(ordered, last, axis=-1)
-        scaled = jnp.where(scaled >= threshold, scaled, NEG_INF)
+        keys = _float_keys(scaled)  # [rows, vocab]
+        floor = _nucleus_floor(keys, jax.nn.softmax(scaled, axis=-1), top_p)  # [rows]
+        scaled = jnp.where(keys > floor[:, None], scaled, NEG_INF)
     return scaled
+
+
+def _float_keys(values: jnp.ndarray) -> jnp.ndarray:
+    """uint32 keys in the order of the float32 `values` (equal floats, -0 and +0 too, share a key)."""
+    bits = lax.bitcast_convert_type(jnp.where(values == 0, 0.0, values).astype(jnp.float32), jnp.uint32)
+    negative = (bits >> 31) == 1
+    return bits ^ jnp.where(negative, jnp.uint32(0xFFFFFFFF), jnp.uint32(0x80000000))
+
+
+def _nucleus_floor(keys: jnp.ndarray, probs: jnp.ndarray, top_p: float) -> jnp.ndarray:
+    """[rows] the key below each row's nucleus, from the logits' `_float_keys` and probabilities [rows, vocab]: the
+    nucleus is the tokens whose key exceeds it.
+
+    The nucleus's least probable token is the smallest logit v whose more probable tokens' mass, mass(> v), is below
+    top_p; so the floor is the largest key K with mass(> K) >= top_p. mass(> K) only falls as K grows, so K is found
+    bit by bit from the top, 32 masked sums over the vocabulary instead of a sort of it (exact: no tolerance).
+    """
+
+    def set_bit_if_mass_reaches(bit, floor):  # floor: [rows]
+        candidate = floor | (jnp.uint32(1) << (31 - bit).astype(jnp.uint32))
+        mass = jnp.sum(jnp.where(keys > candidate[:, None], probs, 0.0), axis=-1)  # [rows]
+        return jnp.where(mass >= top_p, candidate, floor)
+
+    return lax.fori_loop(0, 32, set_bit_if_mass_reaches, jnp.zeros(keys.shape[:1], jnp.uint32))
 
 
 @dataclasses.dataclass(frozen=True)
