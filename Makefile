@@ -47,8 +47,8 @@ ISA_FLAGS := XLA_FLAGS=--xla_cpu_max_isa=AVX2 ATEN_CPU_CAPABILITY=avx2 CT2_FORCE
 test-isa: venv-test
 	$(ISA_FLAGS) $(PY) -m pytest -m rounding $(PYTEST_ARGS)
 
-# The lowest supported stack: its own venv, constraints made from pyproject.toml's lower bounds; the notebooks
-# (marked newest_stack) run on the newest stack only.
+# The lowest supported stack: its own venv, constraints made from pyproject.toml's lower bounds; the notebooks and
+# the device benchmark's smoke run (marked newest_stack) run on the newest stack only.
 .venv-lowest/constraints.txt: pyproject.toml .ci/lowest_pins.py
 	mkdir -p .venv-lowest
 	$(LOWEST_PYTHON) .ci/lowest_pins.py > $@

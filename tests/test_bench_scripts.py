@@ -54,6 +54,7 @@ def check_device_report(report):
     assert row["greedy_sentences_per_s"] > 0 and row["beam4_sentences_per_s"] > 0
 
 
+@pytest.mark.newest_stack  # the device machines run the newest stack; what the script calls is tested on both
 def test_device_benchmark_smoke_runs_on_cpu(tmp_path):
     out = tmp_path / "device.json"
     proc = subprocess.run(
