@@ -34,7 +34,7 @@ ROWS = [
     ("big", "v6e:2x4", {"mesh.data": "8"}, (256,)),
     ("big", "h100:8", {"mesh.data": "1", "mesh.fsdp": "8"}, (256,)),
     ("big", "v5e:2x2", {"mesh.data": "4", "data.tokens_per_batch": "50000"}, (32,)),
-    ("base", "v5p:2x2x2", {"mesh.data": "8"}, (32, 256)),
+    ("base", "v5p:2x2x2", {"mesh.data": "8"}, (256,)),  # its 32-token bucket aborts libtpu 0.0.50 (a CHECK)
     ("base", "v6e:2x4", {"mesh.data": "8"}, (256,)),
     ("big", "v5p:2x2x2", {"mesh.data": "1", "mesh.fsdp": "8"}, (256,)),
     ("base", "v5e:2x2", {"mesh.data": "4", "data.tokens_per_batch": "70000"}, (32,)),
@@ -87,7 +87,8 @@ def main() -> None:
         print(planning.format_report(report), flush=True)
         results[key] = dict(report.to_dict(), model=config)
         args.out.write_text(json.dumps(results, indent=1, default=str) + "\n")
-    print(markdown(results))
+    ordered = [row_key(*row) for row in ROWS]  # the table in ROWS' order, whatever order the rows were planned in
+    print(markdown({key: results[key] for key in ordered if key in results}))
 
 
 if __name__ == "__main__":
