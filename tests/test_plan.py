@@ -105,6 +105,36 @@ def test_the_compilers_out_of_memory_figures_are_read():
     assert planning.parse_oom("RESOURCE_EXHAUSTED: something else") == (None, None)
 
 
+def test_collective_bytes_by_hand():
+    """Result shapes of collective instructions in compiled HLO text (a TPU's tiled layouts, tuples, an async pair
+    whose -start holds operand and output), summed by kind; other instructions and names are not counted."""
+    hlo = """
+HloModule jit_train_step, entry_computation_layout={(f32[128,32]{0,1})->f32[128,32]{0,1}}
+
+%fused_computation (param_0.1: bf16[4,32]) -> bf16[16,32] {
+  %param_0.1 = bf16[4,32]{1,0:T(8,128)(2,1)} parameter(0)
+  ROOT %all-gather.2 = bf16[16,32]{1,0:T(8,128)(2,1)} all-gather(%param_0.1), dimensions={0}
+}
+
+ENTRY %main {
+  %all-reduce.19 = f32[128,32]{0,1:T(8,128)S(1)} all-reduce(%fusion.443), channel_id=20, to_apply=%add.10
+  %all-reduce.38 = (f32[]{:T(128)}, f32[32]{0:T(128)S(1)}, bf16[2,16,32]{2,1,0}) all-reduce(%a, %b, %c)
+  %all-gather-start.5 = ((s32[2,32]{1,0}, pred[2,32]{1,0}), (s32[16,32]{1,0}, pred[16,32]{1,0})) all-gather-start(%x)
+  %all-gather-done.5 = (s32[16,32]{1,0}, pred[16,32]{1,0}) all-gather-done(%all-gather-start.5)
+  %reduce-scatter.1 = f32[8]{0} reduce-scatter(%y), dimensions={0}, metadata={op_name="all-reduce(x)"}
+  %all-reduce-not = f32[1000]{0} add(%all-reduce.19, %all-reduce.19)
+  ROOT %fusion.1 = bf16[16,32]{1,0} fusion(%z), kind=kLoop, calls=%fused_computation
+}
+"""
+    assert planning.collective_bytes(hlo) == {
+        "all-reduce": 128 * 32 * 4 + (4 + 32 * 4 + 2 * 16 * 32 * 2),
+        "all-gather": 16 * 32 * 2 + (16 * 32 * 4 + 16 * 32 * 1),
+        "reduce-scatter": 8 * 4,
+        "all-to-all": 0,
+        "collective-permute": 0,
+    }
+
+
 def test_tiled_bytes_by_hand():
     """A TPU's layouts: the minor dimensions (in the layout's order) padded to the first tile."""
 
@@ -206,6 +236,8 @@ def test_a_tiny_fsdp_plan_holds_the_shards_of_our_rules(v5e_2x2):
     )
     assert bucket.flops > bucket.analytic_flops > 0  # the compiler also counts softmax, LayerNorm, Adam, ...
     assert bucket.step_s > 0 and bucket.tokens_per_s == pytest.approx(16 * 32 / bucket.step_s)
+    # FSDP gathers every parameter (bfloat16 in the forward pass at least) onto each chip for the step.
+    assert bucket.collective_bytes["all-gather"] >= 2 * params
     json.dumps(report.to_dict())
 
 
@@ -393,6 +425,11 @@ def test_a_tiny_gpu_plan_holds_the_shards_of_our_rules_and_counts_its_flops(h100
     assert bucket.fits and bucket.hbm_bytes == 80 * 2**30
     assert bucket.flops > bucket.analytic_flops > 0 and bucket.bytes_accessed > bucket.argument_bytes
     assert "XLA_PYTHON_CLIENT_MEM_FRACTION" in text
+    # Data parallelism's one collective: the gradients summed over the GPUs, every parameter's once (in bfloat16
+    # or float32, as the compiler places the all-reduce beside the cast), beside a few scalars (loss, tokens).
+    collectives = bucket.collective_bytes
+    assert 2 * params <= collectives.pop("all-reduce") <= 4 * params + 64
+    assert set(collectives.values()) == {0}
 
 
 def test_a_model_larger_than_a_gpu_is_reported_as_not_fitting(h100_8):

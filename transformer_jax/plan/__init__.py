@@ -23,6 +23,7 @@ data section (data/batching.train_shapes). From each compiled step:
   compiler does not refuse: there the verdict is the memory analysis against the GPU's memory.
 - FLOPs and HBM bytes per chip (`cost_analysis`; for a GPU, XLA's HLO cost analysis of the optimized program) beside
   our analytic count (accounting.forward_flops x 3: the forward pass and a backward pass of twice its matmuls).
+- the bytes each kind of collective (all-reduce, all-gather, ...) produces per chip, from the compiled HLO.
 - a roofline estimate: step time = max(FLOPs / peak FLOP/s, bytes / HBM bandwidth) per chip, from the public peak
   figures in CHIPS, and the tokens per second and model FLOPs utilisation (MFU: analytic FLOPs / (time x peak))
   that follow. It is rough: collectives over the chips' links (ICI, NVLink), the host's input and the compiler's
@@ -37,6 +38,7 @@ from transformer_jax.plan.figures import (
     CompiledMemory,
     PlanReport,
     Roofline,
+    collective_bytes,
     compiled_memory,
     is_compile_oom,
     parse_oom,
@@ -58,6 +60,7 @@ __all__ = [
     "PlanReport",
     "Roofline",
     "Target",
+    "collective_bytes",
     "compiled_memory",
     "format_decode",
     "format_report",

@@ -1,9 +1,10 @@
-"""What a compiled step says: memory per chip against the chip's HBM, a compile-time OOM's figures, FLOPs and a
-rough roofline estimate of its speed."""
+"""What a compiled step says: memory per chip against the chip's HBM, a compile-time OOM's figures, FLOPs, the bytes
+its collectives move and a rough roofline estimate of its speed."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import re
 from collections.abc import Sequence
@@ -39,6 +40,7 @@ class BucketPlan:
     flops: float | None = None  # the compiler's count, every op of the step (optimizer included)
     analytic_flops: float | None = None  # 3 x accounting.forward_flops (matmuls only) / chips
     bytes_accessed: float | None = None
+    collective_bytes: dict[str, int] | None = None  # per kind of collective, what it produces (collective_bytes)
     compute_s: float | None = None  # flops / peak FLOP/s
     memory_s: float | None = None  # bytes_accessed / HBM bandwidth
     step_s: float | None = None  # the roofline estimate: max(compute_s, memory_s)
@@ -181,6 +183,47 @@ def parse_oom(message: str) -> tuple[int | None, int | None]:
 def is_compile_oom(error: Exception) -> bool:
     text = str(error)
     return "RESOURCE_EXHAUSTED" in text and ("HbmOom" in text or "memory" in text.lower())
+
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
+                "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}  # fmt: skip
+_ARRAY = re.compile(r"\b([a-z]+[0-9a-z]*)\[([0-9,]*)\]")
+
+
+def _array_bytes(shape: str) -> int:
+    """Bytes of the arrays an HLO shape names ('f32[128,32]{0,1:T(8,128)}', or a tuple of them); float8 types 1."""
+    return sum(
+        math.prod(int(size) for size in dims.split(",") if size) * _DTYPE_BYTES.get(dtype, 1)
+        for dtype, dims in _ARRAY.findall(shape)
+    )
+
+
+def _shape_and_opcode(instruction: str) -> tuple[str, str]:
+    """('f32[4]{0}', 'all-reduce') of an HLO instruction's text after its '= '."""
+    if instruction.startswith("("):  # a tuple shape: up to its closing parenthesis
+        depths = itertools.accumulate({"(": 1, ")": -1}.get(char, 0) for char in instruction)
+        end = next(index for index, depth in enumerate(depths) if depth == 0) + 1
+        shape, rest = instruction[:end], instruction[end:]
+    else:
+        shape, _, rest = instruction.partition(" ")
+    return shape, rest.strip().split("(", 1)[0]
+
+
+def collective_bytes(hlo_text: str) -> dict[str, int]:
+    """Bytes that each kind of collective (COLLECTIVES) produces on one chip in a compiled program's HLO text: the
+    result shapes of its collective instructions, summed. An asynchronous pair counts its `-done` (the output; the
+    `-start` also holds the operands); an instruction in a loop body (accumulation) counts once."""
+    totals = dict.fromkeys(COLLECTIVES, 0)
+    for line in hlo_text.splitlines():
+        name, equals, instruction = line.strip().partition(" = ")
+        if not equals or not name.startswith(("%", "ROOT")):
+            continue
+        shape, opcode = _shape_and_opcode(instruction)
+        kind = opcode.removesuffix("-done")
+        if kind in totals and not opcode.endswith("-start"):
+            totals[kind] += _array_bytes(shape)
+    return totals
 
 
 class Roofline(NamedTuple):

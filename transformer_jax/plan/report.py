@@ -44,7 +44,7 @@ def format_report(report: PlanReport) -> str:
     ]
     header = (
         "bucket", "fits", "arguments", "outputs", "temp", "needed", "HBM left",
-        "GFLOP", "analytic", "GB accessed", "est. step ms", "tokens/s", "MFU", "compile s",
+        "GFLOP", "analytic", "GB accessed", "GB collectives", "est. step ms", "tokens/s", "MFU", "compile s",
     )  # fmt: skip
     rows = []
     for bucket in report.buckets:
@@ -60,6 +60,7 @@ def format_report(report: PlanReport) -> str:
                 _number(bucket.flops, 1e9),
                 _number(bucket.analytic_flops, 1e9),
                 _number(bucket.bytes_accessed, 1e9, 2),
+                _number(None if bucket.collective_bytes is None else sum(bucket.collective_bytes.values()), 1e9, 3),
                 _number(bucket.step_s, 1e-3, 2),
                 _number(bucket.tokens_per_s, 1, 0),
                 "-" if bucket.mfu is None else f"{bucket.mfu:.0%}",
@@ -79,9 +80,10 @@ def format_report(report: PlanReport) -> str:
         "",
         "Per chip. bucket: rows x length of the global batch. needed: the larger of the compiler's peak and its "
         "arguments + outputs - donated + temp (a step that does not fit: what the compiler required). GFLOP: the "
-        "compiler's count; analytic: 3 x the model's forward matmuls. est. step: max(FLOPs / peak FLOP/s, bytes / "
-        "HBM bandwidth), rough (collectives and input not counted). tokens/s: padded positions per side "
-        "(data.tokens_per_batch) per second.",
+        "compiler's count; analytic: 3 x the model's forward matmuls. GB collectives: what the step's all-reduces, "
+        "all-gathers, reduce-scatters, all-to-alls and permutes produce on the chip (each kind in the JSON). est. "
+        "step: max(FLOPs / peak FLOP/s, bytes / HBM bandwidth), rough (the collectives' time over the chips' links "
+        "and the input not counted). tokens/s: padded positions per side (data.tokens_per_batch) per second.",
     ]
     if chip.platform == "cuda":
         lines.append(
