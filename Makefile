@@ -11,7 +11,9 @@ HASH := $(shell cat pyproject.toml $(CONSTRAINTS) | cksum | cut -d' ' -f1)
 CORE_STAMP := $(VENV)/.installed-core-$(HASH)
 TEST_STAMP := $(VENV)/.installed-test-$(HASH)
 # Installs retry: pip's own retries per request, its resumption of a broken download, then .ci/retry's whole reruns.
-PIP_RETRIES = --retries 10 --timeout 60 --resume-retries 20
+# PIP_NETWORK: what the pip of a new venv, before its upgrade, knows too.
+PIP_NETWORK = --retries 10 --timeout 60
+PIP_RETRIES = $(PIP_NETWORK) --resume-retries 20
 PIP_INSTALL = sh .ci/retry $(PY) -m pip install --quiet $(PIP_RETRIES) $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 PYTEST_ARGS ?= -n 2 --dist loadgroup --durations=15
 
@@ -23,7 +25,7 @@ venv-test: $(TEST_STAMP)
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
-	sh .ci/retry $(PY) -m pip install --quiet --retries 10 --timeout 60 --upgrade pip
+	sh .ci/retry $(PY) -m pip install --quiet $(PIP_NETWORK) --upgrade pip
 
 # The demo needs the package only (no torch); the tests add pytest and torch for the parity tests.
 $(CORE_STAMP): pyproject.toml $(CONSTRAINTS) | $(VENV)/bin/python
@@ -67,7 +69,7 @@ TPU_STAMP := $(TPU_VENV)/.installed-$(HASH)
 
 $(TPU_VENV)/bin/python:
 	$(PYTHON) -m venv $(TPU_VENV)
-	sh .ci/retry $(TPU_VENV)/bin/python -m pip install --quiet --retries 10 --timeout 60 --upgrade pip
+	sh .ci/retry $(TPU_VENV)/bin/python -m pip install --quiet $(PIP_NETWORK) --upgrade pip
 
 $(TPU_STAMP): pyproject.toml | $(TPU_VENV)/bin/python
 	sh .ci/retry $(TPU_VENV)/bin/python -m pip install --quiet $(PIP_RETRIES) -e . 'pytest>=8,<10' 'pytest-xdist>=3.5,<4' '$(TPU_JAX)'  # the planner's tests need no more

@@ -129,10 +129,6 @@ def _compile_bucket(step, abstract, batch, chip: Chip, length: int, rows: int, a
     cost = _cost_analysis(compiled)
     flops = float(cost["flops"]) if cost.get("flops", -1) >= 0 else None
     bytes_accessed = float(cost["bytes accessed"]) if cost.get("bytes accessed", -1) >= 0 else None
-    try:
-        collectives = collective_bytes(compiled.as_text())
-    except (AttributeError, NotImplementedError):  # a jax whose compiled program has no HLO text
-        collectives = None
     estimate = roofline(
         analytic if flops is None else flops, bytes_accessed, chip, analytic_flops=analytic, rows=rows, length=length
     )
@@ -147,7 +143,7 @@ def _compile_bucket(step, abstract, batch, chip: Chip, length: int, rows: int, a
         flops=flops,
         analytic_flops=analytic,
         bytes_accessed=bytes_accessed,
-        collective_bytes=collectives,
+        collective_bytes=collective_bytes(compiled.as_text()),
         **estimate._asdict(),
     )
 

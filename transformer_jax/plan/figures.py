@@ -220,8 +220,8 @@ def collective_bytes(hlo_text: str) -> dict[str, int]:
         if not equals or not name.startswith(("%", "ROOT")):
             continue
         shape, opcode = _shape_and_opcode(instruction)
-        kind = opcode.removesuffix("-done")
-        if kind in totals and not opcode.endswith("-start"):
+        kind = opcode.removesuffix("-done")  # an "...-start" is no kind
+        if kind in totals:
             totals[kind] += _array_bytes(shape)
     return totals
 
